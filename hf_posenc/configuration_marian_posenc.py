@@ -1,0 +1,87 @@
+"""Configuration of Marian models with pluggable positional modules.
+
+Every choice is a typed field that lands in `config.json`: one string per choice (which position encoding
+per stack, which token mixer per attention site) plus the typed hyperparameters of each module. The config
+validates itself at construction, so an impossible model fails here with a message naming the bad value
+rather than deep inside torch.
+"""
+
+from huggingface_hub.dataclasses import strict
+from transformers import MarianConfig
+
+from .posenc_base import ATTENTION_SITES
+from .posenc_registry import POSITION_ENCODINGS, TOKEN_MIXERS
+
+
+def check_choice(field: str, value, allowed) -> None:
+    if value not in allowed:
+        raise ValueError(f"{field}={value!r} is not known; allowed values: {', '.join(sorted(allowed))}.")
+
+
+@strict
+class MarianPosEncConfig(MarianConfig):
+    r"""Marian's configuration plus the positional module choices.
+
+    position_encoding (`str`, constructor shorthand): sets both `encoder_position_encoding` and
+        `decoder_position_encoding`.
+    encoder_position_encoding / decoder_position_encoding (`str`, defaults to `"sinusoidal"`): a name from
+        `hf_posenc.POSITION_ENCODINGS`.
+    encoder_self_attention / decoder_self_attention / cross_attention (`str`, defaults to `"attention"`): a
+        name from `hf_posenc.TOKEN_MIXERS`.
+
+    The defaults of the remaining Marian fields are those of a small translation model (d_model 512, 6+6
+    layers, 8 heads, scaled embeddings, tied embeddings), not of MarianConfig's opus-mt-big defaults.
+    """
+
+    model_type = "marian_posenc"
+
+    vocab_size: int = 8000
+    max_position_embeddings: int = 1024
+    encoder_layers: int = 6
+    encoder_ffn_dim: int = 2048
+    encoder_attention_heads: int = 8
+    decoder_layers: int = 6
+    decoder_ffn_dim: int = 2048
+    decoder_attention_heads: int = 8
+    activation_function: str = "relu"
+    d_model: int = 512
+    scale_embedding: bool = True
+    decoder_start_token_id: int = 0
+    pad_token_id: int | None = 0
+    eos_token_id: int | list[int] | None = 1
+    forced_eos_token_id: int | list[int] | None = 1
+
+    encoder_position_encoding: str = "sinusoidal"
+    decoder_position_encoding: str = "sinusoidal"
+    encoder_self_attention: str = "attention"
+    decoder_self_attention: str = "attention"
+    cross_attention: str = "attention"
+
+    def __post_init__(self, **kwargs):
+        shorthand = kwargs.pop("position_encoding", None)
+        if shorthand is not None:
+            self.encoder_position_encoding = shorthand
+            self.decoder_position_encoding = shorthand
+        self.check_choices()
+        super().__post_init__(**kwargs)
+
+    def check_choices(self) -> None:
+        """Raise a ValueError naming the bad value and the allowed ones (runs before any model is built)."""
+        check_choice("encoder_position_encoding", self.encoder_position_encoding, POSITION_ENCODINGS)
+        check_choice("decoder_position_encoding", self.decoder_position_encoding, POSITION_ENCODINGS)
+        for site in ATTENTION_SITES:
+            mixer = getattr(self, site)
+            check_choice(site, mixer, TOKEN_MIXERS)
+            if site not in TOKEN_MIXERS[mixer].allowed_sites:
+                raise ValueError(
+                    f"{site}={mixer!r} cannot be used there; {mixer!r} works at: "
+                    f"{', '.join(TOKEN_MIXERS[mixer].allowed_sites)}."
+                )
+        for stack in ("encoder", "decoder"):
+            heads = getattr(self, f"{stack}_attention_heads")
+            if heads <= 0 or self.d_model % heads:
+                raise ValueError(
+                    f"d_model={self.d_model} must be divisible by {stack}_attention_heads={heads}."
+                )
+        if self.max_position_embeddings <= 0:
+            raise ValueError(f"max_position_embeddings={self.max_position_embeddings} must be positive.")

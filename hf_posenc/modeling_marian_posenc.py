@@ -1,0 +1,507 @@
+"""Marian encoder-decoder with pluggable positional modules.
+
+Marian's post-norm architecture (Junczys-Dowmunt et al. 2018, as in `transformers.MarianMTModel`), with two
+changes of structure and none of arithmetic:
+
+* each stack owns a position encoding from `POSITION_ENCODINGS` (config `encoder_position_encoding`,
+  `decoder_position_encoding`) that builds its input from the token embeddings and hooks into its
+  self-attention;
+* each attention site is a token mixer from `TOKEN_MIXERS` (config `encoder_self_attention`,
+  `decoder_self_attention`, `cross_attention`).
+
+Positions are computed here, once per forward, and handed down: in the encoder from the padding mask (a
+token's position counts from the start of its own sequence), in the decoder from the number of cached
+positions. With `"sinusoidal"` + `"attention"` the model reproduces `MarianMTModel` logits exactly;
+`from_marian` converts stock checkpoints.
+"""
+
+import math
+
+import torch
+from torch import nn
+from transformers import GenerationMixin, PreTrainedModel
+from transformers import initialization as init
+from transformers.activations import ACT2FN
+from transformers.cache_utils import DynamicCache, EncoderDecoderCache
+from transformers.masking_utils import create_bidirectional_mask, create_causal_mask
+from transformers.modeling_layers import GradientCheckpointingLayer
+from transformers.modeling_outputs import (
+    BaseModelOutput,
+    BaseModelOutputWithPastAndCrossAttentions,
+    Seq2SeqLMOutput,
+    Seq2SeqModelOutput,
+)
+from transformers.utils import logging
+
+from .configuration_marian_posenc import MarianPosEncConfig
+from .posenc_base import (
+    CROSS_ATTENTION,
+    DECODER,
+    DECODER_SELF_ATTENTION,
+    ENCODER,
+    ENCODER_SELF_ATTENTION,
+    PosEncCache,
+    PositionContext,
+    PositionEncoding,
+    TokenMixer,
+    positions_from_padding_mask,
+)
+from .posenc_registry import POSITION_ENCODINGS, TOKEN_MIXERS
+
+logger = logging.get_logger(__name__)
+
+
+def shift_tokens_right(labels: torch.Tensor, pad_token_id: int, decoder_start_token_id: int) -> torch.Tensor:
+    """Teacher-forcing decoder input: labels shifted right behind the start token, -100 replaced by pad."""
+    shifted = labels.new_zeros(labels.shape)
+    shifted[:, 1:] = labels[:, :-1]
+    shifted[:, 0] = decoder_start_token_id
+    return shifted.masked_fill(shifted == -100, pad_token_id)
+
+
+class MarianPosEncLayer(GradientCheckpointingLayer):
+    """What encoder and decoder layers share: the post-norm feed-forward block x = LN(x + FFN(x))."""
+
+    def __init__(self, config: MarianPosEncConfig, ffn_dim: int):
+        super().__init__()
+        self.dropout = config.dropout
+        self.activation_fn = ACT2FN[config.activation_function]
+        self.activation_dropout = config.activation_dropout
+        self.fc1 = nn.Linear(config.d_model, ffn_dim)
+        self.fc2 = nn.Linear(ffn_dim, config.d_model)
+        self.final_layer_norm = nn.LayerNorm(config.d_model)
+
+    def residual_norm(self, hidden_states, update, norm: nn.LayerNorm):
+        """Post-norm residual: LN(x + dropout(update))."""
+        return norm(hidden_states + nn.functional.dropout(update, p=self.dropout, training=self.training))
+
+    def feed_forward(self, hidden_states):
+        update = self.activation_fn(self.fc1(hidden_states))
+        update = nn.functional.dropout(update, p=self.activation_dropout, training=self.training)
+        return self.residual_norm(hidden_states, self.fc2(update), self.final_layer_norm)
+
+
+class MarianPosEncEncoderLayer(MarianPosEncLayer):
+    """Post-norm encoder layer: x = LN(x + Mix(x)); x = LN(x + FFN(x))."""
+
+    def __init__(self, config: MarianPosEncConfig, layer_idx: int):
+        super().__init__(config, config.encoder_ffn_dim)
+        self.self_attn = TOKEN_MIXERS[config.encoder_self_attention](config, ENCODER_SELF_ATTENTION, layer_idx)
+        self.self_attn_layer_norm = nn.LayerNorm(config.d_model)
+
+    def forward(self, hidden_states, attention_mask, context: PositionContext, output_attentions=False):
+        mixed, weights = self.self_attn(
+            hidden_states, attention_mask=attention_mask, context=context, output_attentions=output_attentions
+        )
+        hidden_states = self.residual_norm(hidden_states, mixed, self.self_attn_layer_norm)
+        return self.feed_forward(hidden_states), weights
+
+
+class MarianPosEncDecoderLayer(MarianPosEncLayer):
+    """Post-norm decoder layer: causal self-mixing, cross-mixing over the encoder output, FFN."""
+
+    def __init__(self, config: MarianPosEncConfig, layer_idx: int):
+        super().__init__(config, config.decoder_ffn_dim)
+        self.self_attn = TOKEN_MIXERS[config.decoder_self_attention](config, DECODER_SELF_ATTENTION, layer_idx)
+        self.self_attn_layer_norm = nn.LayerNorm(config.d_model)
+        self.encoder_attn = TOKEN_MIXERS[config.cross_attention](config, CROSS_ATTENTION, layer_idx)
+        self.encoder_attn_layer_norm = nn.LayerNorm(config.d_model)
+
+    def forward(
+        self,
+        hidden_states,
+        attention_mask,
+        encoder_hidden_states,
+        encoder_attention_mask,
+        self_context: PositionContext,
+        cross_context: PositionContext,
+        past_key_values=None,
+        output_attentions=False,
+    ):
+        mixed, self_weights = self.self_attn(
+            hidden_states,
+            past_key_values=past_key_values,
+            attention_mask=attention_mask,
+            context=self_context,
+            output_attentions=output_attentions,
+        )
+        hidden_states = self.residual_norm(hidden_states, mixed, self.self_attn_layer_norm)
+        mixed, cross_weights = self.encoder_attn(
+            hidden_states,
+            key_value_states=encoder_hidden_states,
+            past_key_values=past_key_values,
+            attention_mask=encoder_attention_mask,
+            context=cross_context,
+            output_attentions=output_attentions,
+        )
+        hidden_states = self.residual_norm(hidden_states, mixed, self.encoder_attn_layer_norm)
+        return self.feed_forward(hidden_states), self_weights, cross_weights
+
+
+class MarianPosEncPreTrainedModel(PreTrainedModel):
+    config_class = MarianPosEncConfig
+    config: MarianPosEncConfig
+    base_model_prefix = "model"
+    supports_gradient_checkpointing = True
+    _supports_sdpa = True
+    _no_split_modules = ["MarianPosEncEncoderLayer", "MarianPosEncDecoderLayer"]
+
+    @torch.no_grad()
+    def _init_weights(self, module):
+        """Transformers' defaults, then every positional module re-initialises what it owns.
+
+        `from_pretrained` builds the model without PyTorch's default init and runs this for whatever the
+        checkpoint lacks, so each `PositionEncoding`/`TokenMixer` re-creates its tables, buffers and RNNs in
+        `reset_parameters` (with `transformers.initialization`, which leaves loaded tensors alone).
+        """
+        super()._init_weights(module)
+        if isinstance(module, (PositionEncoding, TokenMixer)) and hasattr(module, "reset_parameters"):
+            module.reset_parameters()
+        elif isinstance(module, MarianPosEncForConditionalGeneration):
+            init.zeros_(module.final_logits_bias)
+
+
+class MarianPosEncEncoder(MarianPosEncPreTrainedModel):
+    """Token embeddings -> position encoding -> `config.encoder_layers` encoder layers."""
+
+    def __init__(self, config: MarianPosEncConfig, embed_tokens: nn.Embedding | None = None):
+        super().__init__(config)
+        self.dropout = config.dropout
+        self.embed_scale = math.sqrt(config.d_model) if config.scale_embedding else 1.0
+        self.embed_tokens = embed_tokens or nn.Embedding(config.vocab_size, config.d_model, config.pad_token_id)
+        self.position_encoding = POSITION_ENCODINGS[config.encoder_position_encoding](config, ENCODER)
+        self.layers = nn.ModuleList([MarianPosEncEncoderLayer(config, i) for i in range(config.encoder_layers)])
+        self.gradient_checkpointing = False
+        self.post_init()
+
+    def forward(
+        self,
+        input_ids=None,
+        attention_mask=None,
+        inputs_embeds=None,
+        output_attentions=None,
+        output_hidden_states=None,
+        **kwargs,
+    ) -> BaseModelOutput:
+        if (input_ids is None) == (inputs_embeds is None):
+            raise ValueError("Pass exactly one of input_ids or inputs_embeds to the encoder.")
+        if inputs_embeds is None:
+            inputs_embeds = self.embed_tokens(input_ids) * self.embed_scale  # (B, L, D)
+
+        position_ids = positions_from_padding_mask(attention_mask, inputs_embeds.shape[1], inputs_embeds.device)
+        hidden_states = self.position_encoding.embed(inputs_embeds, position_ids, attention_mask, None)
+        hidden_states = nn.functional.dropout(hidden_states, p=self.dropout, training=self.training)
+
+        mask = create_bidirectional_mask(config=self.config, inputs_embeds=inputs_embeds, attention_mask=attention_mask)
+        context = PositionContext(self.position_encoding, position_ids, position_ids)
+        all_hidden_states = (hidden_states,) if output_hidden_states else None
+        all_attentions = () if output_attentions else None
+        for layer in self.layers:
+            hidden_states, weights = layer(hidden_states, mask, context, output_attentions=bool(output_attentions))
+            if output_hidden_states:
+                all_hidden_states += (hidden_states,)
+            if output_attentions:
+                all_attentions += (weights,)
+        return BaseModelOutput(
+            last_hidden_state=hidden_states, hidden_states=all_hidden_states, attentions=all_attentions
+        )
+
+
+class MarianPosEncDecoder(MarianPosEncPreTrainedModel):
+    """Token embeddings -> position encoding -> `config.decoder_layers` decoder layers, with a cache."""
+
+    def __init__(self, config: MarianPosEncConfig, embed_tokens: nn.Embedding | None = None):
+        super().__init__(config)
+        self.dropout = config.dropout
+        self.embed_scale = math.sqrt(config.d_model) if config.scale_embedding else 1.0
+        self.embed_tokens = embed_tokens or nn.Embedding(
+            config.decoder_vocab_size, config.d_model, config.pad_token_id
+        )
+        self.position_encoding = POSITION_ENCODINGS[config.decoder_position_encoding](config, DECODER)
+        self.layers = nn.ModuleList([MarianPosEncDecoderLayer(config, i) for i in range(config.decoder_layers)])
+        self.gradient_checkpointing = False
+        self.post_init()
+
+    def forward(
+        self,
+        input_ids=None,
+        attention_mask=None,
+        encoder_hidden_states=None,
+        encoder_attention_mask=None,
+        past_key_values=None,
+        inputs_embeds=None,
+        use_cache=None,
+        output_attentions=None,
+        output_hidden_states=None,
+        **kwargs,
+    ) -> BaseModelOutputWithPastAndCrossAttentions:
+        if (input_ids is None) == (inputs_embeds is None):
+            raise ValueError("Pass exactly one of decoder_input_ids or decoder_inputs_embeds to the decoder.")
+        if inputs_embeds is None:
+            inputs_embeds = self.embed_tokens(input_ids)
+        inputs_embeds = inputs_embeds * self.embed_scale  # (B, q, D)
+        batch_size, query_length = inputs_embeds.shape[:2]
+        device = inputs_embeds.device
+
+        if use_cache and past_key_values is None:
+            past_key_values = PosEncCache(DynamicCache(config=self.config), DynamicCache(config=self.config))
+        elif isinstance(past_key_values, EncoderDecoderCache) and not isinstance(past_key_values, PosEncCache):
+            past_key_values = PosEncCache(past_key_values.self_attention_cache, past_key_values.cross_attention_cache)
+
+        # Query positions come from the number of cached positions: the one place that decides them.
+        past_length = past_key_values.get_seq_length() if past_key_values is not None else 0
+        key_positions = torch.arange(past_length + query_length, device=device)[None]  # (1, k)
+        query_positions = key_positions[:, past_length:]  # (1, q)
+        source_positions = positions_from_padding_mask(
+            encoder_attention_mask, encoder_hidden_states.shape[1], device
+        )  # (B|1, S)
+
+        if attention_mask is None:
+            attention_mask = torch.ones(batch_size, past_length + query_length, device=device)
+        self_cache = past_key_values.self_attention_cache if past_key_values is not None else None
+        causal_mask = create_causal_mask(
+            config=self.config, inputs_embeds=inputs_embeds, attention_mask=attention_mask, past_key_values=self_cache
+        )
+        cross_mask = create_bidirectional_mask(
+            config=self.config,
+            inputs_embeds=inputs_embeds,
+            attention_mask=encoder_attention_mask,
+            encoder_hidden_states=encoder_hidden_states,
+        )
+
+        hidden_states = self.position_encoding.embed(
+            inputs_embeds, query_positions.expand(batch_size, -1), None, past_key_values
+        )
+        hidden_states = nn.functional.dropout(hidden_states, p=self.dropout, training=self.training)
+
+        self_context = PositionContext(self.position_encoding, query_positions, key_positions)
+        cross_context = PositionContext(None, query_positions, source_positions)
+        all_hidden_states = (hidden_states,) if output_hidden_states else None
+        all_self_attentions = () if output_attentions else None
+        all_cross_attentions = () if output_attentions else None
+        for layer in self.layers:
+            hidden_states, self_weights, cross_weights = layer(
+                hidden_states,
+                causal_mask,
+                encoder_hidden_states,
+                cross_mask,
+                self_context,
+                cross_context,
+                past_key_values=past_key_values,
+                output_attentions=bool(output_attentions),
+            )
+            if output_hidden_states:
+                all_hidden_states += (hidden_states,)
+            if output_attentions:
+                all_self_attentions += (self_weights,)
+                all_cross_attentions += (cross_weights,)
+        return BaseModelOutputWithPastAndCrossAttentions(
+            last_hidden_state=hidden_states,
+            past_key_values=past_key_values,
+            hidden_states=all_hidden_states,
+            attentions=all_self_attentions,
+            cross_attentions=all_cross_attentions,
+        )
+
+
+class MarianPosEncModel(MarianPosEncPreTrainedModel):
+    """Encoder and decoder sharing one token embedding table (as Marian does)."""
+
+    _tied_weights_keys = {
+        "encoder.embed_tokens.weight": "shared.weight",
+        "decoder.embed_tokens.weight": "shared.weight",
+    }
+
+    def __init__(self, config: MarianPosEncConfig):
+        super().__init__(config)
+        if not config.share_encoder_decoder_embeddings:
+            raise ValueError("MarianPosEnc models share encoder and decoder embeddings; set share_encoder_decoder_embeddings=True.")
+        self.shared = nn.Embedding(config.vocab_size, config.d_model, config.pad_token_id)
+        self.encoder = MarianPosEncEncoder(config, self.shared)
+        self.decoder = MarianPosEncDecoder(config, self.shared)
+        self.post_init()
+
+    def get_input_embeddings(self):
+        return self.shared
+
+    def set_input_embeddings(self, value):
+        self.shared = value
+        self.encoder.embed_tokens = value
+        self.decoder.embed_tokens = value
+
+    def get_encoder(self):
+        return self.encoder
+
+    def forward(
+        self,
+        input_ids=None,
+        attention_mask=None,
+        decoder_input_ids=None,
+        decoder_attention_mask=None,
+        encoder_outputs=None,
+        past_key_values=None,
+        inputs_embeds=None,
+        decoder_inputs_embeds=None,
+        use_cache=None,
+        output_attentions=None,
+        output_hidden_states=None,
+        **kwargs,
+    ) -> Seq2SeqModelOutput:
+        use_cache = use_cache if use_cache is not None else self.config.use_cache
+        if encoder_outputs is None:
+            encoder_outputs = self.encoder(
+                input_ids=input_ids,
+                attention_mask=attention_mask,
+                inputs_embeds=inputs_embeds,
+                output_attentions=output_attentions,
+                output_hidden_states=output_hidden_states,
+            )
+        elif not isinstance(encoder_outputs, BaseModelOutput):
+            encoder_outputs = BaseModelOutput(last_hidden_state=encoder_outputs[0])
+        decoder_outputs = self.decoder(
+            input_ids=decoder_input_ids,
+            attention_mask=decoder_attention_mask,
+            encoder_hidden_states=encoder_outputs.last_hidden_state,
+            encoder_attention_mask=attention_mask,
+            past_key_values=past_key_values,
+            inputs_embeds=decoder_inputs_embeds,
+            use_cache=use_cache,
+            output_attentions=output_attentions,
+            output_hidden_states=output_hidden_states,
+        )
+        return Seq2SeqModelOutput(
+            last_hidden_state=decoder_outputs.last_hidden_state,
+            past_key_values=decoder_outputs.past_key_values,
+            decoder_hidden_states=decoder_outputs.hidden_states,
+            decoder_attentions=decoder_outputs.attentions,
+            cross_attentions=decoder_outputs.cross_attentions,
+            encoder_last_hidden_state=encoder_outputs.last_hidden_state,
+            encoder_hidden_states=encoder_outputs.hidden_states,
+            encoder_attentions=encoder_outputs.attentions,
+        )
+
+
+class MarianPosEncForConditionalGeneration(MarianPosEncPreTrainedModel, GenerationMixin):
+    """Translation model: `MarianPosEncModel` + tied LM head + Marian's final logits bias."""
+
+    _tied_weights_keys = {
+        "lm_head.weight": "model.shared.weight",
+        "model.encoder.embed_tokens.weight": "model.shared.weight",
+        "model.decoder.embed_tokens.weight": "model.shared.weight",
+    }
+    # The Trainer passes `num_items_in_batch`, and the loss below divides by it, so gradient accumulation and
+    # data parallelism give the true token-level mean (Marian's own mean loss gets scaled up instead).
+    accepts_loss_kwargs = True
+
+    def __init__(self, config: MarianPosEncConfig):
+        super().__init__(config)
+        self.model = MarianPosEncModel(config)
+        self.register_buffer("final_logits_bias", torch.zeros(1, config.vocab_size))
+        self.lm_head = nn.Linear(config.d_model, config.vocab_size, bias=False)
+        self.post_init()
+
+    def get_output_embeddings(self):
+        return self.lm_head
+
+    def set_output_embeddings(self, new_embeddings):
+        self.lm_head = new_embeddings
+
+    def get_encoder(self):
+        return self.model.encoder
+
+    def prepare_decoder_input_ids_from_labels(self, labels: torch.Tensor):
+        return shift_tokens_right(labels, self.config.pad_token_id, self.config.decoder_start_token_id)
+
+    def _prepare_cache_for_generation(self, generation_config, model_kwargs, *args, **kwargs):
+        """Let `generate` use `PosEncCache`, so position state is reordered with the beams."""
+        super()._prepare_cache_for_generation(generation_config, model_kwargs, *args, **kwargs)
+        cache = model_kwargs.get("past_key_values")
+        if isinstance(cache, EncoderDecoderCache) and not isinstance(cache, PosEncCache):
+            model_kwargs["past_key_values"] = PosEncCache(cache.self_attention_cache, cache.cross_attention_cache)
+
+    def forward(
+        self,
+        input_ids=None,
+        attention_mask=None,
+        decoder_input_ids=None,
+        decoder_attention_mask=None,
+        encoder_outputs=None,
+        past_key_values=None,
+        inputs_embeds=None,
+        decoder_inputs_embeds=None,
+        labels=None,
+        use_cache=None,
+        output_attentions=None,
+        output_hidden_states=None,
+        num_items_in_batch=None,
+        **kwargs,
+    ) -> Seq2SeqLMOutput:
+        r"""labels (`(B, T)`, -100 = ignored): teacher forcing; the loss is the summed token cross-entropy
+        divided by `num_items_in_batch` when the Trainer passes it, else by the number of label tokens."""
+        if labels is not None:
+            use_cache = False
+            if decoder_input_ids is None and decoder_inputs_embeds is None:
+                decoder_input_ids = self.prepare_decoder_input_ids_from_labels(labels)
+
+        outputs = self.model(
+            input_ids,
+            attention_mask=attention_mask,
+            decoder_input_ids=decoder_input_ids,
+            encoder_outputs=encoder_outputs,
+            decoder_attention_mask=decoder_attention_mask,
+            past_key_values=past_key_values,
+            inputs_embeds=inputs_embeds,
+            decoder_inputs_embeds=decoder_inputs_embeds,
+            use_cache=use_cache,
+            output_attentions=output_attentions,
+            output_hidden_states=output_hidden_states,
+        )
+        logits = self.lm_head(outputs.last_hidden_state) + self.final_logits_bias  # (B, T, V)
+
+        loss = None
+        if labels is not None:
+            loss = nn.functional.cross_entropy(
+                logits.float().view(-1, logits.shape[-1]), labels.view(-1), ignore_index=-100, reduction="sum"
+            )
+            denominator = num_items_in_batch if num_items_in_batch is not None else (labels != -100).sum()
+            loss = loss / denominator
+
+        return Seq2SeqLMOutput(
+            loss=loss,
+            logits=logits,
+            past_key_values=outputs.past_key_values,
+            decoder_hidden_states=outputs.decoder_hidden_states,
+            decoder_attentions=outputs.decoder_attentions,
+            cross_attentions=outputs.cross_attentions,
+            encoder_last_hidden_state=outputs.encoder_last_hidden_state,
+            encoder_hidden_states=outputs.encoder_hidden_states,
+            encoder_attentions=outputs.encoder_attentions,
+        )
+
+    @classmethod
+    def from_marian(cls, model_or_path, **overrides) -> "MarianPosEncForConditionalGeneration":
+        """Convert a stock `MarianMTModel` (instance or local folder) into this class.
+
+        `overrides` are config fields, e.g. `position_encoding="learned"` or `encoder_self_attention=...`:
+        parameters the stock model has keep their trained values, new ones (a learned table, a relative
+        bias, a new mixer) are initialised, and Marian's sinusoid table is dropped (ours is rebuilt).
+        """
+        from transformers import MarianMTModel
+
+        marian = model_or_path
+        if not isinstance(marian, MarianMTModel):
+            marian = MarianMTModel.from_pretrained(model_or_path)
+        fields = marian.config.to_dict()
+        for key in ("model_type", "architectures", "transformers_version", "auto_map", "_name_or_path"):
+            fields.pop(key, None)
+        fields.pop("dtype", None)
+        config = MarianPosEncConfig(**{**fields, **overrides})
+        model = cls(config)
+        state = {k: v for k, v in marian.state_dict().items() if not k.endswith("embed_positions.weight")}
+        missing, unexpected = model.load_state_dict(state, strict=False)
+        if unexpected:
+            logger.warning("from_marian: parameters not used by the new positional modules: %s", unexpected)
+        if missing:
+            logger.info("from_marian: newly initialised parameters: %s", missing)
+        model.generation_config = marian.generation_config
+        return model.to(marian.dtype)

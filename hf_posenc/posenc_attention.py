@@ -1,0 +1,110 @@
+"""Content multi-head attention (Vaswani et al. 2017), the `"attention"` token mixer.
+
+softmax(Q K^T / sqrt(d_h) + B) V, computed through transformers' attention interface (SDPA by default,
+eager when attention weights are requested). Position encodings hook in at four points, all no-ops by
+default: queries/keys are rotated (RoPE), values are transformed before caching (PosNet-Attn), a score
+bias B is folded into the mask so SDPA stays on its fused path (T5, ALiBi, Adaptive-T5), or the encoding
+takes over the whole attention (Shaw's value term). Cross-attention receives no position encoding.
+
+With the "none"/"sinusoidal"/"learned" encodings this is numerically `MarianAttention`.
+"""
+
+import torch
+from torch import nn
+from transformers.cache_utils import EncoderDecoderCache
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+from .posenc_base import PositionContext, TokenMixer, additive_mask
+
+
+def eager_attention(module, query, key, value, attention_mask, scaling, dropout=0.0, **kwargs):
+    """Reference attention that also returns the weights: (B, H, q, Dh) x3 -> (B, q, H, Dh), (B, H, q, k)."""
+    scores = torch.matmul(query, key.transpose(2, 3)) * scaling  # (B, H, q, k)
+    if attention_mask is not None:
+        if attention_mask.dtype == torch.bool:
+            scores = scores.masked_fill(~attention_mask, torch.finfo(scores.dtype).min)
+        else:
+            scores = scores + attention_mask
+    weights = nn.functional.softmax(scores, dim=-1)
+    weights = nn.functional.dropout(weights, p=dropout, training=module.training)
+    output = torch.matmul(weights, value).transpose(1, 2).contiguous()  # (B, q, H, Dh)
+    return output, weights
+
+
+def cache_for_site(past_key_values, is_cross_attention: bool):
+    """The self- or cross-attention half of the model's cache (None when not caching)."""
+    if past_key_values is None:
+        return None
+    if isinstance(past_key_values, EncoderDecoderCache):
+        return past_key_values.cross_attention_cache if is_cross_attention else past_key_values.self_attention_cache
+    return past_key_values
+
+
+class ContentAttention(TokenMixer):
+    """Multi-head scaled dot-product attention with the position-encoding hooks of `PositionEncoding`."""
+
+    def __init__(self, config, site, layer_idx):
+        super().__init__(config, site, layer_idx)
+        self.scaling = self.head_dim**-0.5
+        self.dropout = config.attention_dropout
+        self.k_proj = nn.Linear(self.embed_dim, self.embed_dim)
+        self.v_proj = nn.Linear(self.embed_dim, self.embed_dim)
+        self.q_proj = nn.Linear(self.embed_dim, self.embed_dim)
+        self.out_proj = nn.Linear(self.embed_dim, self.embed_dim)
+
+    def project_keys_values(self, states, context: PositionContext):
+        """New keys and values (B, H, k_new, Dh), with the encoding's key rotation and value transform."""
+        shape = (*states.shape[:-1], -1, self.head_dim)
+        key = self.k_proj(states).view(shape).transpose(1, 2)
+        value = self.v_proj(states).view(shape).transpose(1, 2)
+        if context.encoding is not None:
+            new_positions = context.key_positions[:, -states.shape[1] :]
+            value = context.encoding.transform_values(self.layer_idx, value, new_positions)
+        return key, value
+
+    def forward(
+        self,
+        hidden_states: torch.Tensor,
+        key_value_states: torch.Tensor | None = None,
+        past_key_values=None,
+        attention_mask: torch.Tensor | None = None,
+        context: PositionContext | None = None,
+        output_attentions: bool = False,
+    ):
+        query_shape = (*hidden_states.shape[:-1], -1, self.head_dim)
+        query = self.q_proj(hidden_states).view(query_shape).transpose(1, 2)  # (B, H, q, Dh)
+        encoding = context.encoding if context is not None else None
+
+        cache = cache_for_site(past_key_values, self.is_cross_attention)
+        if self.is_cross_attention and cache is not None and past_key_values.is_updated.get(self.layer_idx):
+            key = cache.layers[self.layer_idx].keys  # encoder K/V computed at the first decoding step
+            value = cache.layers[self.layer_idx].values
+        else:
+            states = key_value_states if self.is_cross_attention else hidden_states
+            key, value = self.project_keys_values(states, context)
+            if encoding is not None:
+                query, key = encoding.rotate_queries_keys(self.layer_idx, query, key, context)
+            if cache is not None:
+                key, value = cache.update(key, value, self.layer_idx)
+                if self.is_cross_attention:
+                    past_key_values.is_updated[self.layer_idx] = True
+
+        dropout = self.dropout if self.training else 0.0
+        if encoding is not None and encoding.has_custom_attention:
+            output, weights = encoding.attend(self, query, key, value, attention_mask, context, dropout)
+        else:
+            bias = encoding.score_bias(self.layer_idx, context) if encoding is not None else None
+            if bias is not None:
+                attention_mask = additive_mask(attention_mask, bias.to(query.dtype), context, self.is_causal)
+            if output_attentions:
+                attention_function = eager_attention
+            else:
+                attention_function = ALL_ATTENTION_FUNCTIONS.get_interface(
+                    self.config._attn_implementation, eager_attention
+                )
+            output, weights = attention_function(
+                self, query, key, value, attention_mask, scaling=self.scaling, dropout=dropout
+            )
+
+        output = self.out_proj(output.reshape(*hidden_states.shape[:-1], -1).contiguous())  # (B, q, D)
+        return output, (weights if output_attentions else None)

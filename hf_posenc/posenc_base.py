@@ -1,0 +1,188 @@
+"""The interface every positional module of hf_posenc implements, and the plumbing they share.
+
+A model makes two orthogonal choices (see docs/architecture.md):
+
+* a :class:`PositionEncoding` per stack (encoder, decoder) says how positions enter: it may change the
+  embeddings (`embed`) and it may hook into the content attention of each self-attention layer
+  (`rotate_queries_keys`, `transform_values`, `score_bias`, or a whole `attend` of its own);
+* a :class:`TokenMixer` per attention site (encoder self-attention, decoder self-attention, cross-attention)
+  says how tokens are mixed; content attention is one mixer among several.
+
+Positions never get guessed inside a module: the model computes them once per forward (from the padding
+mask in the encoder, from the cache length in the decoder) and hands them down in a :class:`PositionContext`.
+"""
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+from transformers.cache_utils import EncoderDecoderCache
+
+ENCODER = "encoder"
+DECODER = "decoder"
+STACKS = (ENCODER, DECODER)
+
+ENCODER_SELF_ATTENTION = "encoder_self_attention"
+DECODER_SELF_ATTENTION = "decoder_self_attention"
+CROSS_ATTENTION = "cross_attention"
+ATTENTION_SITES = (ENCODER_SELF_ATTENTION, DECODER_SELF_ATTENTION, CROSS_ATTENTION)
+
+
+def positions_from_padding_mask(attention_mask: torch.Tensor | None, length: int, device) -> torch.Tensor:
+    """Position of every token counted from the first real token of its own sequence.
+
+    Sources are normally right-padded, where this is simply 0..L-1; counting from the mask keeps a token's
+    position independent of the batch's padding on either side. Returns (B, L), or (1, L) without a mask.
+    """
+    if attention_mask is None:
+        return torch.arange(length, device=device)[None]  # (1, L)
+    return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)  # (B, L)
+
+
+def check_max_positions(position_ids: torch.Tensor, max_positions: int, module_name: str) -> None:
+    """Bounded tables raise a clear error instead of an IndexError deep inside `nn.Embedding`."""
+    longest = int(position_ids.max()) + 1 if position_ids.numel() else 0
+    if longest > max_positions:
+        raise ValueError(
+            f"Sequence of {longest} positions is longer than the {max_positions} positions of the "
+            f"'{module_name}' table (config.max_position_embeddings={max_positions}); shorten the input or "
+            "build the model with a larger max_position_embeddings."
+        )
+
+
+@dataclass
+class PositionContext:
+    """What an attention site knows about positions during one forward.
+
+    `encoding` is the stack's position encoding for self-attention sites and None for cross-attention
+    (the papers keep cross-attention free of positions unless a mixer asks for them explicitly).
+    """
+
+    encoding: "PositionEncoding | None"
+    query_positions: torch.Tensor  # (B|1, q): absolute position of each query token
+    key_positions: torch.Tensor  # (B|1, k): absolute position of each key, cached ones included
+
+
+class PositionEncoding(nn.Module):
+    """How positions enter one stack. The base class is the identity at every hook ("none").
+
+    Subclasses override only the hooks they need. Hooks receive explicit positions; a hook that returns
+    its input unchanged costs nothing, so content attention calls every hook unconditionally.
+    """
+
+    #: Set to True by encodings whose attention cannot be expressed as a bias on the scores (Shaw's value
+    #: term): content attention then calls `attend` instead of the SDPA/eager kernel.
+    has_custom_attention = False
+
+    def __init__(self, config, stack: str):
+        super().__init__()
+        self.config = config
+        self.stack = stack
+
+    def embed(self, inputs_embeds: torch.Tensor, position_ids: torch.Tensor, padding_mask, cache) -> torch.Tensor:
+        """Scaled token embeddings (B, L, D) -> stack input (B, L, D), before the stack's dropout.
+
+        `padding_mask` is the stack's (B, L) 1/0 mask or None; `cache` is the model's :class:`PosEncCache`
+        during incremental decoding (encodings with a recurrent state keep it there), else None.
+        """
+        return inputs_embeds
+
+    def rotate_queries_keys(self, layer_idx: int, query, key, context: PositionContext):
+        """(B, H, q, Dh), (B, H, k_new, Dh) -> same; keys are the new ones only (rotated before caching)."""
+        return query, key
+
+    def transform_values(self, layer_idx: int, value, value_positions: torch.Tensor):
+        """(B, H, k_new, Dh) -> same, applied before caching so each decoding step transforms one value."""
+        return value
+
+    def score_bias(self, layer_idx: int, context: PositionContext) -> torch.Tensor | None:
+        """Additive bias on the scaled attention scores, (B|1, H, q, k), or None."""
+        return None
+
+    def attend(self, module, query, key, value, attention_mask, context: PositionContext, dropout: float):
+        """Whole attention for encodings with `has_custom_attention`; returns (B, q, H, Dh), weights."""
+        raise NotImplementedError(f"{type(self).__name__} does not define its own attention")
+
+
+class TokenMixer(nn.Module):
+    """How tokens are mixed at one attention site; replaces `MarianAttention`.
+
+    `forward(hidden_states, key_value_states, past_key_values, attention_mask, context, output_attentions)`
+    returns `(output (B, q, D), attention weights or None)`. Decoder self-attention mixers must store their
+    keys (or anything with the sequence length on dim -2) in the self-attention cache, so that the decoder
+    can read the number of cached positions from it.
+    """
+
+    #: The sites where this mixer is well defined (e.g. a Fourier transform cannot be causal).
+    allowed_sites = ATTENTION_SITES
+
+    def __init__(self, config, site: str, layer_idx: int):
+        super().__init__()
+        self.config = config
+        self.site = site
+        self.layer_idx = layer_idx
+        self.is_causal = site == DECODER_SELF_ATTENTION
+        self.is_cross_attention = site == CROSS_ATTENTION
+        self.embed_dim = config.d_model
+        self.num_heads = config.decoder_attention_heads if site != ENCODER_SELF_ATTENTION else config.encoder_attention_heads
+        self.head_dim = self.embed_dim // self.num_heads
+
+
+def additive_mask(
+    attention_mask: torch.Tensor | None,
+    bias: torch.Tensor,
+    context: PositionContext,
+    is_causal: bool,
+) -> torch.Tensor:
+    """Merge a positional score bias with whatever mask transformers built, into one float additive mask.
+
+    transformers hands attention an SDPA boolean mask (True = attend), an eager float mask, or None (no
+    padding; causality then implicit through `is_causal`). Folding the bias into the mask keeps SDPA's
+    fused kernel usable for every bias-type encoding.
+    """
+    min_value = torch.finfo(bias.dtype).min
+    if attention_mask is None:
+        if not is_causal:
+            return bias
+        future = context.key_positions[:, None, None, :] > context.query_positions[:, None, :, None]
+        return bias.masked_fill(future, min_value)  # (B|1, H, q, k)
+    if attention_mask.dtype == torch.bool:
+        return bias.masked_fill(~attention_mask, min_value)
+    return bias + attention_mask.to(bias.dtype)
+
+
+class PosEncCache(EncoderDecoderCache):
+    """`EncoderDecoderCache` that also carries per-sequence state of position encodings (e.g. an RNN state).
+
+    `extra_state` maps a name to a batch-first tensor; beam search's reordering, batch selection and
+    repetition apply to it exactly as to the key/value caches, so stateful encodings stay exact under
+    `generate`.
+    """
+
+    def __init__(self, *caches):
+        super().__init__(*caches)
+        self.extra_state: dict[str, torch.Tensor] = {}
+
+    def reset(self):
+        super().reset()
+        self.extra_state.clear()
+
+    def reorder_cache(self, beam_idx: torch.LongTensor):
+        super().reorder_cache(beam_idx)
+        for name, state in self.extra_state.items():
+            self.extra_state[name] = state.index_select(0, beam_idx.to(state.device))
+
+    def batch_repeat_interleave(self, repeats: int):
+        super().batch_repeat_interleave(repeats)
+        for name, state in self.extra_state.items():
+            self.extra_state[name] = state.repeat_interleave(repeats, dim=0)
+
+    def batch_select_indices(self, indices: torch.Tensor):
+        super().batch_select_indices(indices)
+        for name, state in self.extra_state.items():
+            self.extra_state[name] = state[indices]
+
+    def crop(self, tokens_to_remove: int):
+        if self.extra_state:
+            raise ValueError("A cache carrying recurrent position state cannot be cropped.")
+        super().crop(tokens_to_remove)

@@ -1,0 +1,19 @@
+"""The two registries: name -> class. Adding a module = one `posenc_<family>.py` file + its lines here.
+
+`POSITION_ENCODINGS` are chosen per stack (`encoder_position_encoding`, `decoder_position_encoding`);
+`TOKEN_MIXERS` per attention site (`encoder_self_attention`, `decoder_self_attention`, `cross_attention`).
+The conformance suite (tests/test_conformance.py) runs over every name listed here.
+"""
+
+from .posenc_absolute import LearnedPositionEncoding, NoPositionEncoding, SinusoidalPositionEncoding
+from .posenc_attention import ContentAttention
+
+POSITION_ENCODINGS = {
+    "none": NoPositionEncoding,
+    "sinusoidal": SinusoidalPositionEncoding,
+    "learned": LearnedPositionEncoding,
+}
+
+TOKEN_MIXERS = {
+    "attention": ContentAttention,
+}
