@@ -1,0 +1,241 @@
+"""The conformance suite every positional module passes.
+
+Variants are generated from the registries: every position encoding (in both stacks) and every token mixer
+at every site it allows, plus the rows of EXTRA_VARIANTS for module options. A new registry name is
+tested without touching this file; a new option gets one row in EXTRA_VARIANTS.
+"""
+
+import json
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+from conftest import PAD, VOCAB, source_batch, target_batch, tiny_model
+
+from hf_posenc import POSITION_ENCODINGS, TOKEN_MIXERS
+
+# Module options that deserve their own conformance run: (id, config overrides).
+EXTRA_VARIANTS: list[tuple[str, dict]] = [
+    ("mixed-encoder-learned-decoder-none", {"encoder_position_encoding": "learned", "decoder_position_encoding": "none"}),
+]
+
+
+def registry_variants():
+    variants = [(f"pe-{name}", {"position_encoding": name}) for name in POSITION_ENCODINGS]
+    for name, mixer in TOKEN_MIXERS.items():
+        if name == "attention":
+            continue  # the default at every site: covered by every position-encoding variant
+        for site in mixer.allowed_sites:
+            variants.append((f"{site}-{name}", {site: name}))
+    return variants + EXTRA_VARIANTS
+
+
+VARIANTS = registry_variants()
+VARIANT_IDS = [variant_id for variant_id, _ in VARIANTS]
+VARIANT_OVERRIDES = [overrides for _, overrides in VARIANTS]
+parametrize_variants = pytest.mark.parametrize("overrides", VARIANT_OVERRIDES, ids=VARIANT_IDS)
+
+
+@parametrize_variants
+def test_forward_shapes(overrides):
+    model = tiny_model(**overrides)
+    src, mask = source_batch()
+    tgt = target_batch()
+    out = model(input_ids=src, attention_mask=mask, decoder_input_ids=tgt, output_hidden_states=True)
+    assert out.logits.shape == (3, tgt.shape[1], VOCAB)
+    assert out.encoder_last_hidden_state.shape == (3, src.shape[1], 32)
+    assert len(out.decoder_hidden_states) == model.config.decoder_layers + 1
+
+
+@parametrize_variants
+def test_loss_backward_gives_finite_gradients_to_every_parameter(overrides):
+    model = tiny_model(**overrides).train()
+    src, mask = source_batch()
+    labels = target_batch()[:, 1:].clone()
+    labels[2, -3:] = -100
+    loss = model(input_ids=src, attention_mask=mask, labels=labels).loss
+    assert torch.isfinite(loss)
+    loss.backward()
+    for name, parameter in model.named_parameters():
+        if parameter.requires_grad:
+            assert parameter.grad is not None, f"{name} receives no gradient"
+            assert torch.isfinite(parameter.grad).all(), f"{name} has a non-finite gradient"
+            assert parameter.grad.abs().sum() > 0 or "final_logits_bias" in name, f"{name} has an all-zero gradient"
+
+
+@parametrize_variants
+def test_padding_a_row_does_not_change_its_logits(overrides):
+    model = tiny_model(**overrides)
+    src, mask = source_batch()
+    tgt = target_batch()
+    with torch.no_grad():
+        batched = model(input_ids=src, attention_mask=mask, decoder_input_ids=tgt).logits
+        for row in range(src.shape[0]):
+            length = int(mask[row].sum())
+            alone = model(input_ids=src[row : row + 1, :length], decoder_input_ids=tgt[row : row + 1]).logits
+            torch.testing.assert_close(batched[row : row + 1], alone, atol=1e-5, rtol=1e-4)
+
+
+@parametrize_variants
+def test_incremental_decoding_with_cache_equals_full_forward(overrides):
+    model = tiny_model(**overrides)
+    src, mask = source_batch()
+    tgt = target_batch()
+    with torch.no_grad():
+        encoder_outputs = model.get_encoder()(input_ids=src, attention_mask=mask)
+        full = model(encoder_outputs=encoder_outputs, attention_mask=mask, decoder_input_ids=tgt).logits
+
+        for prefill in (1, 4):  # one token at a time, and a 4-token prefill followed by single steps
+            out = model(
+                encoder_outputs=encoder_outputs, attention_mask=mask, decoder_input_ids=tgt[:, :prefill], use_cache=True
+            )
+            steps = [out.logits]
+            cache = out.past_key_values
+            for position in range(prefill, tgt.shape[1]):
+                out = model(
+                    encoder_outputs=encoder_outputs,
+                    attention_mask=mask,
+                    decoder_input_ids=tgt[:, position : position + 1],
+                    past_key_values=cache,
+                    use_cache=True,
+                )
+                cache = out.past_key_values
+                steps.append(out.logits)
+            torch.testing.assert_close(torch.cat(steps, dim=1), full, atol=1e-4, rtol=1e-4)
+
+
+@parametrize_variants
+def test_greedy_generation_is_identical_with_and_without_cache(overrides):
+    model = tiny_model(**overrides)
+    src, mask = source_batch()
+    kwargs = dict(attention_mask=mask, max_new_tokens=12, do_sample=False, num_beams=1)
+    cached = model.generate(src, use_cache=True, **kwargs)
+    uncached = model.generate(src, use_cache=False, **kwargs)
+    assert cached.tolist() == uncached.tolist()
+
+
+@parametrize_variants
+def test_beam_search_scores_are_identical_with_and_without_cache(overrides):
+    model = tiny_model(**overrides)
+    src, mask = source_batch()
+    kwargs = dict(
+        attention_mask=mask, max_new_tokens=8, num_beams=4, do_sample=False, output_scores=True,
+        return_dict_in_generate=True, length_penalty=0.6,
+    )
+    cached = model.generate(src, use_cache=True, **kwargs)
+    uncached = model.generate(src, use_cache=False, **kwargs)
+    assert cached.sequences.tolist() == uncached.sequences.tolist()
+    assert len(cached.scores) == len(uncached.scores)
+    for step_cached, step_uncached in zip(cached.scores, uncached.scores, strict=True):
+        finite = torch.isfinite(step_uncached)
+        assert torch.equal(finite, torch.isfinite(step_cached))
+        torch.testing.assert_close(step_cached[finite], step_uncached[finite], atol=1e-4, rtol=1e-4)
+
+
+@parametrize_variants
+def test_save_then_auto_load_gives_identical_logits(overrides, tmp_path):
+    from transformers import AutoModelForSeq2SeqLM
+
+    model = tiny_model(**overrides)
+    src, mask = source_batch()
+    tgt = target_batch()
+    model.save_pretrained(tmp_path)
+    assert (tmp_path / "model.safetensors").exists() and not list(tmp_path.glob("*.bin"))
+    loaded = AutoModelForSeq2SeqLM.from_pretrained(tmp_path).eval()
+    assert type(loaded) is type(model)
+    with torch.no_grad():
+        expected = model(input_ids=src, attention_mask=mask, decoder_input_ids=tgt).logits
+        actual = loaded(input_ids=src, attention_mask=mask, decoder_input_ids=tgt).logits
+    torch.testing.assert_close(actual, expected, atol=0, rtol=0)
+
+
+REMOTE_CODE_CHECK = textwrap.dedent(
+    """
+    import json, sys
+    sys.modules["hf_posenc"] = None  # the package must not be importable: the folder's own code is used
+    import torch
+    from transformers import AutoModelForSeq2SeqLM
+    results = {}
+    for folder in json.loads(sys.argv[1]):
+        model = AutoModelForSeq2SeqLM.from_pretrained(folder, trust_remote_code=True).eval()
+        src, mask, tgt = torch.load(folder + "/inputs.pt")
+        with torch.no_grad():
+            logits = model(input_ids=src, attention_mask=mask, decoder_input_ids=tgt).logits
+        generated = model.generate(src, attention_mask=mask, num_beams=4, max_new_tokens=8)
+        results[folder] = {
+            "module": type(model).__module__,
+            "max_diff": (logits - torch.load(folder + "/logits.pt")).abs().max().item(),
+            "generated": generated.tolist(),
+        }
+    print(json.dumps(results))
+    """
+)
+
+
+@pytest.fixture(scope="module")
+def remote_code_results(tmp_path_factory):
+    """Save every variant, then load them all in ONE fresh process where hf_posenc cannot be imported."""
+    root = tmp_path_factory.mktemp("remote")
+    expected = {}
+    for variant_id, overrides in VARIANTS:
+        folder = root / variant_id
+        model = tiny_model(**overrides)
+        model.save_pretrained(folder)
+        src, mask = source_batch()
+        tgt = target_batch()
+        with torch.no_grad():
+            torch.save(model(input_ids=src, attention_mask=mask, decoder_input_ids=tgt).logits, folder / "logits.pt")
+        torch.save((src, mask, tgt), folder / "inputs.pt")
+        expected[variant_id] = (str(folder), model.generate(src, attention_mask=mask, num_beams=4, max_new_tokens=8).tolist())
+    folders = json.dumps([folder for folder, _ in expected.values()])
+    completed = subprocess.run(
+        [sys.executable, "-c", REMOTE_CODE_CHECK, folders], capture_output=True, text=True, cwd=root, timeout=600
+    )
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    results = json.loads(completed.stdout.strip().splitlines()[-1])
+    return {variant_id: (results[folder], generated) for variant_id, (folder, generated) in expected.items()}
+
+
+@pytest.mark.parametrize("variant_id", VARIANT_IDS)
+def test_trust_remote_code_round_trip_without_the_package(variant_id, remote_code_results):
+    result, expected_generation = remote_code_results[variant_id]
+    assert result["module"].startswith("transformers_modules"), result["module"]
+    assert result["max_diff"] == 0.0
+    assert result["generated"] == expected_generation
+
+
+@parametrize_variants
+def test_bf16_forward_is_finite(overrides):
+    model = tiny_model(**overrides).to(torch.bfloat16)
+    src, mask = source_batch()
+    with torch.no_grad():
+        logits = model(input_ids=src, attention_mask=mask, decoder_input_ids=target_batch()).logits
+    assert logits.dtype == torch.bfloat16
+    assert torch.isfinite(logits).all()
+
+
+@parametrize_variants
+def test_input_longer_than_a_bounded_table_gives_a_clear_error(overrides):
+    model = tiny_model(**overrides)
+    too_long = model.config.max_position_embeddings + 5
+    src = torch.randint(2, VOCAB, (1, too_long))
+    tgt = torch.full((1, 3), PAD)
+    bounded = [
+        module for module in (model.model.encoder.position_encoding, *model.model.encoder.modules())
+        if getattr(module, "max_positions", None) is not None
+    ]
+    if bounded:
+        with pytest.raises(ValueError, match=rf"{too_long}.*{model.config.max_position_embeddings}"):
+            model(input_ids=src, decoder_input_ids=tgt)
+    else:  # unbounded modules must then genuinely handle the longer input
+        with torch.no_grad():
+            logits = model(input_ids=src, decoder_input_ids=tgt).logits
+        assert torch.isfinite(logits).all()
+
+
+def test_variants_use_the_requested_modules():
+    model = tiny_model(encoder_position_encoding="learned", decoder_position_encoding="none")
+    assert type(model.model.encoder.position_encoding) is POSITION_ENCODINGS["learned"]
+    assert type(model.model.decoder.position_encoding) is POSITION_ENCODINGS["none"]
