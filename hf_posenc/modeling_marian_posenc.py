@@ -86,7 +86,9 @@ class MarianPosEncEncoderLayer(MarianPosEncLayer):
 
     def __init__(self, config: MarianPosEncConfig, layer_idx: int):
         super().__init__(config, config.encoder_ffn_dim)
-        self.self_attn = TOKEN_MIXERS[config.encoder_self_attention](config, ENCODER_SELF_ATTENTION, layer_idx)
+        self.self_attn = TOKEN_MIXERS[config.encoder_self_attention](
+            config, ENCODER_SELF_ATTENTION, layer_idx
+        )
         self.self_attn_layer_norm = nn.LayerNorm(config.d_model)
 
     def forward(self, hidden_states, attention_mask, context: PositionContext, output_attentions=False):
@@ -102,7 +104,9 @@ class MarianPosEncDecoderLayer(MarianPosEncLayer):
 
     def __init__(self, config: MarianPosEncConfig, layer_idx: int):
         super().__init__(config, config.decoder_ffn_dim)
-        self.self_attn = TOKEN_MIXERS[config.decoder_self_attention](config, DECODER_SELF_ATTENTION, layer_idx)
+        self.self_attn = TOKEN_MIXERS[config.decoder_self_attention](
+            config, DECODER_SELF_ATTENTION, layer_idx
+        )
         self.self_attn_layer_norm = nn.LayerNorm(config.d_model)
         self.encoder_attn = TOKEN_MIXERS[config.cross_attention](config, CROSS_ATTENTION, layer_idx)
         self.encoder_attn_layer_norm = nn.LayerNorm(config.d_model)
@@ -168,9 +172,13 @@ class MarianPosEncEncoder(MarianPosEncPreTrainedModel):
         super().__init__(config)
         self.dropout = config.dropout
         self.embed_scale = math.sqrt(config.d_model) if config.scale_embedding else 1.0
-        self.embed_tokens = embed_tokens or nn.Embedding(config.vocab_size, config.d_model, config.pad_token_id)
+        self.embed_tokens = embed_tokens or nn.Embedding(
+            config.vocab_size, config.d_model, config.pad_token_id
+        )
         self.position_encoding = POSITION_ENCODINGS[config.encoder_position_encoding](config, ENCODER)
-        self.layers = nn.ModuleList([MarianPosEncEncoderLayer(config, i) for i in range(config.encoder_layers)])
+        self.layers = nn.ModuleList(
+            [MarianPosEncEncoderLayer(config, i) for i in range(config.encoder_layers)]
+        )
         self.gradient_checkpointing = False
         self.post_init()
 
@@ -188,16 +196,22 @@ class MarianPosEncEncoder(MarianPosEncPreTrainedModel):
         if inputs_embeds is None:
             inputs_embeds = self.embed_tokens(input_ids) * self.embed_scale  # (B, L, D)
 
-        position_ids = positions_from_padding_mask(attention_mask, inputs_embeds.shape[1], inputs_embeds.device)
+        position_ids = positions_from_padding_mask(
+            attention_mask, inputs_embeds.shape[1], inputs_embeds.device
+        )
         hidden_states = self.position_encoding.embed(inputs_embeds, position_ids, attention_mask, None)
         hidden_states = nn.functional.dropout(hidden_states, p=self.dropout, training=self.training)
 
-        mask = create_bidirectional_mask(config=self.config, inputs_embeds=inputs_embeds, attention_mask=attention_mask)
+        mask = create_bidirectional_mask(
+            config=self.config, inputs_embeds=inputs_embeds, attention_mask=attention_mask
+        )
         context = PositionContext(self.position_encoding, position_ids, position_ids)
         all_hidden_states = (hidden_states,) if output_hidden_states else None
         all_attentions = () if output_attentions else None
         for layer in self.layers:
-            hidden_states, weights = layer(hidden_states, mask, context, output_attentions=bool(output_attentions))
+            hidden_states, weights = layer(
+                hidden_states, mask, context, output_attentions=bool(output_attentions)
+            )
             if output_hidden_states:
                 all_hidden_states += (hidden_states,)
             if output_attentions:
@@ -218,7 +232,9 @@ class MarianPosEncDecoder(MarianPosEncPreTrainedModel):
             config.decoder_vocab_size, config.d_model, config.pad_token_id
         )
         self.position_encoding = POSITION_ENCODINGS[config.decoder_position_encoding](config, DECODER)
-        self.layers = nn.ModuleList([MarianPosEncDecoderLayer(config, i) for i in range(config.decoder_layers)])
+        self.layers = nn.ModuleList(
+            [MarianPosEncDecoderLayer(config, i) for i in range(config.decoder_layers)]
+        )
         self.gradient_checkpointing = False
         self.post_init()
 
@@ -245,8 +261,12 @@ class MarianPosEncDecoder(MarianPosEncPreTrainedModel):
 
         if use_cache and past_key_values is None:
             past_key_values = PosEncCache(DynamicCache(config=self.config), DynamicCache(config=self.config))
-        elif isinstance(past_key_values, EncoderDecoderCache) and not isinstance(past_key_values, PosEncCache):
-            past_key_values = PosEncCache(past_key_values.self_attention_cache, past_key_values.cross_attention_cache)
+        elif isinstance(past_key_values, EncoderDecoderCache) and not isinstance(
+            past_key_values, PosEncCache
+        ):
+            past_key_values = PosEncCache(
+                past_key_values.self_attention_cache, past_key_values.cross_attention_cache
+            )
 
         # Query positions come from the number of cached positions: the one place that decides them.
         past_length = past_key_values.get_seq_length() if past_key_values is not None else 0
@@ -260,7 +280,10 @@ class MarianPosEncDecoder(MarianPosEncPreTrainedModel):
             attention_mask = torch.ones(batch_size, past_length + query_length, device=device)
         self_cache = past_key_values.self_attention_cache if past_key_values is not None else None
         causal_mask = create_causal_mask(
-            config=self.config, inputs_embeds=inputs_embeds, attention_mask=attention_mask, past_key_values=self_cache
+            config=self.config,
+            inputs_embeds=inputs_embeds,
+            attention_mask=attention_mask,
+            past_key_values=self_cache,
         )
         cross_mask = create_bidirectional_mask(
             config=self.config,
@@ -315,7 +338,9 @@ class MarianPosEncModel(MarianPosEncPreTrainedModel):
     def __init__(self, config: MarianPosEncConfig):
         super().__init__(config)
         if not config.share_encoder_decoder_embeddings:
-            raise ValueError("MarianPosEnc models share encoder and decoder embeddings; set share_encoder_decoder_embeddings=True.")
+            raise ValueError(
+                "MarianPosEnc models share encoder and decoder embeddings; set share_encoder_decoder_embeddings=True."
+            )
         self.shared = nn.Embedding(config.vocab_size, config.d_model, config.pad_token_id)
         self.encoder = MarianPosEncEncoder(config, self.shared)
         self.decoder = MarianPosEncDecoder(config, self.shared)
@@ -417,7 +442,9 @@ class MarianPosEncForConditionalGeneration(MarianPosEncPreTrainedModel, Generati
         super()._prepare_cache_for_generation(generation_config, model_kwargs, *args, **kwargs)
         cache = model_kwargs.get("past_key_values")
         if isinstance(cache, EncoderDecoderCache) and not isinstance(cache, PosEncCache):
-            model_kwargs["past_key_values"] = PosEncCache(cache.self_attention_cache, cache.cross_attention_cache)
+            model_kwargs["past_key_values"] = PosEncCache(
+                cache.self_attention_cache, cache.cross_attention_cache
+            )
 
     def forward(
         self,

@@ -40,7 +40,9 @@ class SinusoidalPositionEncoding(PositionEncoding):
     def __init__(self, config, stack):
         super().__init__(config, stack)
         self.max_positions = config.max_position_embeddings
-        self.register_buffer("table", marian_sinusoid_table(self.max_positions, config.d_model), persistent=False)
+        self.register_buffer(
+            "table", marian_sinusoid_table(self.max_positions, config.d_model), persistent=False
+        )
 
     def reset_parameters(self):
         init.copy_(self.table, marian_sinusoid_table(self.max_positions, self.config.d_model))

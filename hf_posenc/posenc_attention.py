@@ -36,7 +36,11 @@ def cache_for_site(past_key_values, is_cross_attention: bool):
     if past_key_values is None:
         return None
     if isinstance(past_key_values, EncoderDecoderCache):
-        return past_key_values.cross_attention_cache if is_cross_attention else past_key_values.self_attention_cache
+        return (
+            past_key_values.cross_attention_cache
+            if is_cross_attention
+            else past_key_values.self_attention_cache
+        )
     return past_key_values
 
 

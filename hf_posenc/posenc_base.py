@@ -79,7 +79,9 @@ class PositionEncoding(nn.Module):
         self.config = config
         self.stack = stack
 
-    def embed(self, inputs_embeds: torch.Tensor, position_ids: torch.Tensor, padding_mask, cache) -> torch.Tensor:
+    def embed(
+        self, inputs_embeds: torch.Tensor, position_ids: torch.Tensor, padding_mask, cache
+    ) -> torch.Tensor:
         """Scaled token embeddings (B, L, D) -> stack input (B, L, D), before the stack's dropout.
 
         `padding_mask` is the stack's (B, L) 1/0 mask or None; `cache` is the model's :class:`PosEncCache`
@@ -124,7 +126,11 @@ class TokenMixer(nn.Module):
         self.is_causal = site == DECODER_SELF_ATTENTION
         self.is_cross_attention = site == CROSS_ATTENTION
         self.embed_dim = config.d_model
-        self.num_heads = config.decoder_attention_heads if site != ENCODER_SELF_ATTENTION else config.encoder_attention_heads
+        self.num_heads = (
+            config.decoder_attention_heads
+            if site != ENCODER_SELF_ATTENTION
+            else config.encoder_attention_heads
+        )
         self.head_dim = self.embed_dim // self.num_heads
 
 

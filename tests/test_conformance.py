@@ -18,7 +18,10 @@ from hf_posenc import POSITION_ENCODINGS, TOKEN_MIXERS
 
 # Module options that deserve their own conformance run: (id, config overrides).
 EXTRA_VARIANTS: list[tuple[str, dict]] = [
-    ("mixed-encoder-learned-decoder-none", {"encoder_position_encoding": "learned", "decoder_position_encoding": "none"}),
+    (
+        "mixed-encoder-learned-decoder-none",
+        {"encoder_position_encoding": "learned", "decoder_position_encoding": "none"},
+    ),
 ]
 
 
@@ -62,7 +65,9 @@ def test_loss_backward_gives_finite_gradients_to_every_parameter(overrides):
         if parameter.requires_grad:
             assert parameter.grad is not None, f"{name} receives no gradient"
             assert torch.isfinite(parameter.grad).all(), f"{name} has a non-finite gradient"
-            assert parameter.grad.abs().sum() > 0 or "final_logits_bias" in name, f"{name} has an all-zero gradient"
+            assert parameter.grad.abs().sum() > 0 or "final_logits_bias" in name, (
+                f"{name} has an all-zero gradient"
+            )
 
 
 @parametrize_variants
@@ -89,7 +94,10 @@ def test_incremental_decoding_with_cache_equals_full_forward(overrides):
 
         for prefill in (1, 4):  # one token at a time, and a 4-token prefill followed by single steps
             out = model(
-                encoder_outputs=encoder_outputs, attention_mask=mask, decoder_input_ids=tgt[:, :prefill], use_cache=True
+                encoder_outputs=encoder_outputs,
+                attention_mask=mask,
+                decoder_input_ids=tgt[:, :prefill],
+                use_cache=True,
             )
             steps = [out.logits]
             cache = out.past_key_values
@@ -121,8 +129,13 @@ def test_beam_search_scores_are_identical_with_and_without_cache(overrides):
     model = tiny_model(**overrides)
     src, mask = source_batch()
     kwargs = dict(
-        attention_mask=mask, max_new_tokens=8, num_beams=4, do_sample=False, output_scores=True,
-        return_dict_in_generate=True, length_penalty=0.6,
+        attention_mask=mask,
+        max_new_tokens=8,
+        num_beams=4,
+        do_sample=False,
+        output_scores=True,
+        return_dict_in_generate=True,
+        length_penalty=0.6,
     )
     cached = model.generate(src, use_cache=True, **kwargs)
     uncached = model.generate(src, use_cache=False, **kwargs)
@@ -186,12 +199,21 @@ def remote_code_results(tmp_path_factory):
         src, mask = source_batch()
         tgt = target_batch()
         with torch.no_grad():
-            torch.save(model(input_ids=src, attention_mask=mask, decoder_input_ids=tgt).logits, folder / "logits.pt")
+            torch.save(
+                model(input_ids=src, attention_mask=mask, decoder_input_ids=tgt).logits, folder / "logits.pt"
+            )
         torch.save((src, mask, tgt), folder / "inputs.pt")
-        expected[variant_id] = (str(folder), model.generate(src, attention_mask=mask, num_beams=4, max_new_tokens=8).tolist())
+        expected[variant_id] = (
+            str(folder),
+            model.generate(src, attention_mask=mask, num_beams=4, max_new_tokens=8).tolist(),
+        )
     folders = json.dumps([folder for folder, _ in expected.values()])
     completed = subprocess.run(
-        [sys.executable, "-c", REMOTE_CODE_CHECK, folders], capture_output=True, text=True, cwd=root, timeout=600
+        [sys.executable, "-c", REMOTE_CODE_CHECK, folders],
+        capture_output=True,
+        text=True,
+        cwd=root,
+        timeout=600,
     )
     assert completed.returncode == 0, completed.stderr[-3000:]
     results = json.loads(completed.stdout.strip().splitlines()[-1])
@@ -223,7 +245,8 @@ def test_input_longer_than_a_bounded_table_gives_a_clear_error(overrides):
     src = torch.randint(2, VOCAB, (1, too_long))
     tgt = torch.full((1, 3), PAD)
     bounded = [
-        module for module in (model.model.encoder.position_encoding, *model.model.encoder.modules())
+        module
+        for module in (model.model.encoder.position_encoding, *model.model.encoder.modules())
         if getattr(module, "max_positions", None) is not None
     ]
     if bounded:
