@@ -56,6 +56,15 @@ def build_model(base_fields: dict, overrides: dict, device, seed: int = 0):
     return MarianPosEncForConditionalGeneration(config).to(device).train()
 
 
+def training_step(model, optimizer, batch, device, autocast_dtype):
+    """One fwd + bwd + optimizer step."""
+    with torch.autocast(device_type=torch.device(device).type, dtype=autocast_dtype, enabled=autocast_dtype is not None):
+        loss = model(**batch).loss
+    loss.backward()
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+
+
 def benchmark_training_steps(
     variants: dict[str, dict],
     base_fields: dict,
@@ -76,15 +85,7 @@ def benchmark_training_steps(
         timings = {name: [] for name in models}
 
         def step(name):
-            with torch.autocast(
-                device_type=torch.device(device).type,
-                dtype=autocast_dtype,
-                enabled=autocast_dtype is not None,
-            ):
-                loss = models[name](**batch).loss
-            loss.backward()
-            optimizers[name].step()
-            optimizers[name].zero_grad(set_to_none=True)
+            training_step(models[name], optimizers[name], batch, device, autocast_dtype)
 
         for name in models:  # warm-up: allocator, kernels, optimizer state
             step(name)
@@ -113,7 +114,6 @@ def benchmark_training_steps(
                     name, length, batch_size * length / statistics.median(timings[name]), memory, parameters
                 )
             )
-        del models, optimizers
     return results
 
 
