@@ -58,7 +58,9 @@ def build_model(base_fields: dict, overrides: dict, device, seed: int = 0):
 
 def training_step(model, optimizer, batch, device, autocast_dtype):
     """One fwd + bwd + optimizer step."""
-    with torch.autocast(device_type=torch.device(device).type, dtype=autocast_dtype, enabled=autocast_dtype is not None):
+    with torch.autocast(
+        device_type=torch.device(device).type, dtype=autocast_dtype, enabled=autocast_dtype is not None
+    ):
         loss = model(**batch).loss
     loss.backward()
     optimizer.step()
@@ -84,18 +86,15 @@ def benchmark_training_steps(
         batch = synthetic_batch(next(iter(models.values())).config, batch_size, length, device)
         timings = {name: [] for name in models}
 
-        def step(name):
-            training_step(models[name], optimizers[name], batch, device, autocast_dtype)
-
         for name in models:  # warm-up: allocator, kernels, optimizer state
-            step(name)
+            training_step(models[name], optimizers[name], batch, device, autocast_dtype)
         for _ in range(repeats):
             for name in models:  # interleaved, so machine noise hits every variant alike
                 if device == "cuda":
                     torch.cuda.synchronize()
                 start = time.perf_counter()
                 for _ in range(steps_per_repeat):
-                    step(name)
+                    training_step(models[name], optimizers[name], batch, device, autocast_dtype)
                 if device == "cuda":
                     torch.cuda.synchronize()
                 timings[name].append((time.perf_counter() - start) / steps_per_repeat)
@@ -104,7 +103,7 @@ def benchmark_training_steps(
             parameters = sum(p.numel() for p in model.parameters())
             if device == "cuda":
                 torch.cuda.reset_peak_memory_stats()
-                step(name)
+                training_step(models[name], optimizers[name], batch, device, autocast_dtype)
                 memory = torch.cuda.max_memory_allocated()
             else:
                 parameter_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
