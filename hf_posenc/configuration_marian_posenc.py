@@ -57,6 +57,8 @@ class MarianPosEncConfig(MarianConfig):
     decoder_self_attention: str = "attention"
     cross_attention: str = "attention"
 
+    # Hyperparameters of the positional families, one block per posenc_<family>.py, paper defaults.
+
     def __post_init__(self, **kwargs):
         shorthand = kwargs.pop("position_encoding", None)
         if shorthand is not None:
@@ -67,8 +69,10 @@ class MarianPosEncConfig(MarianConfig):
 
     def check_choices(self) -> None:
         """Raise a ValueError naming the bad value and the allowed ones (runs before any model is built)."""
-        check_choice("encoder_position_encoding", self.encoder_position_encoding, POSITION_ENCODINGS)
-        check_choice("decoder_position_encoding", self.decoder_position_encoding, POSITION_ENCODINGS)
+        for stack in ("encoder", "decoder"):
+            encoding = getattr(self, f"{stack}_position_encoding")
+            check_choice(f"{stack}_position_encoding", encoding, POSITION_ENCODINGS)
+            POSITION_ENCODINGS[encoding].check_config(self, stack)
         for site in ATTENTION_SITES:
             mixer = getattr(self, site)
             check_choice(site, mixer, TOKEN_MIXERS)
@@ -77,6 +81,7 @@ class MarianPosEncConfig(MarianConfig):
                     f"{site}={mixer!r} cannot be used there; {mixer!r} works at: "
                     f"{', '.join(TOKEN_MIXERS[mixer].allowed_sites)}."
                 )
+            TOKEN_MIXERS[mixer].check_config(self, site)
         for stack in ("encoder", "decoder"):
             heads = getattr(self, f"{stack}_attention_heads")
             if heads <= 0 or self.d_model % heads:

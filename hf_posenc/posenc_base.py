@@ -79,6 +79,10 @@ class PositionEncoding(nn.Module):
         self.config = config
         self.stack = stack
 
+    @classmethod
+    def check_config(cls, config, stack: str) -> None:
+        """Raise ValueError for hyperparameters this encoding cannot use (called when the config is built)."""
+
     def embed(
         self, inputs_embeds: torch.Tensor, position_ids: torch.Tensor, padding_mask, cache
     ) -> torch.Tensor:
@@ -132,6 +136,10 @@ class TokenMixer(nn.Module):
             else config.encoder_attention_heads
         )
         self.head_dim = self.embed_dim // self.num_heads
+
+    @classmethod
+    def check_config(cls, config, site: str) -> None:
+        """Raise ValueError for hyperparameters this mixer cannot use at `site` (called when the config is built)."""
 
 
 def additive_mask(
