@@ -70,6 +70,14 @@ class MarianPosEncConfig(MarianConfig):
     def check_choices(self) -> None:
         """Raise a ValueError naming the bad value and the allowed ones (runs before any model is built)."""
         for stack in ("encoder", "decoder"):
+            heads = getattr(self, f"{stack}_attention_heads")
+            if heads <= 0 or self.d_model % heads:
+                raise ValueError(
+                    f"d_model={self.d_model} must be divisible by {stack}_attention_heads={heads}."
+                )
+        if self.max_position_embeddings <= 0:
+            raise ValueError(f"max_position_embeddings={self.max_position_embeddings} must be positive.")
+        for stack in ("encoder", "decoder"):
             encoding = getattr(self, f"{stack}_position_encoding")
             check_choice(f"{stack}_position_encoding", encoding, POSITION_ENCODINGS)
             POSITION_ENCODINGS[encoding].check_config(self, stack)
@@ -82,11 +90,3 @@ class MarianPosEncConfig(MarianConfig):
                     f"{', '.join(TOKEN_MIXERS[mixer].allowed_sites)}."
                 )
             TOKEN_MIXERS[mixer].check_config(self, site)
-        for stack in ("encoder", "decoder"):
-            heads = getattr(self, f"{stack}_attention_heads")
-            if heads <= 0 or self.d_model % heads:
-                raise ValueError(
-                    f"d_model={self.d_model} must be divisible by {stack}_attention_heads={heads}."
-                )
-        if self.max_position_embeddings <= 0:
-            raise ValueError(f"max_position_embeddings={self.max_position_embeddings} must be positive.")
