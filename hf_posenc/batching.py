@@ -35,7 +35,11 @@ class TokenBudgetBatchSampler:
     def make_batches(self) -> list[list[int]]:
         generator = torch.Generator().manual_seed(self.seed + self.epoch)
         # Sort by length with a random tie-break, so batch composition changes between epochs.
-        noise = torch.rand(len(self.lengths), generator=generator) if self.shuffle else torch.zeros(len(self.lengths))
+        noise = (
+            torch.rand(len(self.lengths), generator=generator)
+            if self.shuffle
+            else torch.zeros(len(self.lengths))
+        )
         order = sorted(range(len(self.lengths)), key=lambda i: (int(self.lengths[i]), float(noise[i])))
         batches, current, current_longest = [], [], 0
         for index in order:
@@ -69,7 +73,5 @@ def random_batches_padding_ratio(lengths: list[int], batch_size: int, seed: int 
     """Padding share of plain random batches of `batch_size` examples, for comparison."""
     lengths = torch.as_tensor(lengths)
     order = torch.randperm(len(lengths), generator=torch.Generator().manual_seed(seed))
-    padded = sum(
-        len(chunk) * int(lengths[chunk].max()) for chunk in order.split(batch_size)
-    )
+    padded = sum(len(chunk) * int(lengths[chunk].max()) for chunk in order.split(batch_size))
     return 1 - int(lengths.sum()) / padded if padded else math.nan

@@ -42,7 +42,9 @@ def find_split_file(data_dir: Path, split: str, lang: str) -> Path:
     raise FileNotFoundError(f"no file {split}.{lang}[.gz] in {data_dir}")
 
 
-def read_parallel(source_path, target_path, empty_lines: str = "error", limit: int | None = None) -> ParallelText:
+def read_parallel(
+    source_path, target_path, empty_lines: str = "error", limit: int | None = None
+) -> ParallelText:
     """Line-aligned source and target files -> ParallelText, validated."""
     if empty_lines not in EMPTY_LINE_POLICIES:
         raise ValueError(f"empty_lines={empty_lines!r}; allowed: {', '.join(EMPTY_LINE_POLICIES)}")
@@ -53,14 +55,18 @@ def read_parallel(source_path, target_path, empty_lines: str = "error", limit: i
         )
     if not source:
         raise ValueError(f"empty split: {source_path} and {target_path} contain no lines")
-    empty = [i + 1 for i, (s, t) in enumerate(zip(source, target, strict=True)) if not s.strip() or not t.strip()]
+    empty = [
+        i + 1 for i, (s, t) in enumerate(zip(source, target, strict=True)) if not s.strip() or not t.strip()
+    ]
     if empty and empty_lines == "error":
         raise ValueError(
             f"{len(empty)} empty line(s) in {source_path} / {target_path} (first at line {empty[0]}); "
             "clean the data or pass empty_lines='skip' to drop those pairs"
         )
     if empty:
-        logger.warning("dropping %d pairs with an empty side from %s / %s", len(empty), source_path, target_path)
+        logger.warning(
+            "dropping %d pairs with an empty side from %s / %s", len(empty), source_path, target_path
+        )
         dropped = set(empty)
         pairs = [(s, t) for i, (s, t) in enumerate(zip(source, target, strict=True)) if i + 1 not in dropped]
         source, target = [s for s, _ in pairs], [t for _, t in pairs]

@@ -457,7 +457,11 @@ class MarianPosEncForConditionalGeneration(MarianPosEncPreTrainedModel, Generati
         from the generation config's `max_new_tokens_over_source` (50, paper 1)."""
         over_source = getattr(generation_config or self.generation_config, "max_new_tokens_over_source", None)
         source = inputs if inputs is not None else kwargs.get("input_ids")
-        if over_source is not None and source is not None and not {"max_new_tokens", "max_length"} & kwargs.keys():
+        if (
+            over_source is not None
+            and source is not None
+            and not {"max_new_tokens", "max_length"} & kwargs.keys()
+        ):
             kwargs["max_new_tokens"] = source.shape[-1] + over_source
         return super().generate(inputs, generation_config=generation_config, **kwargs)
 

@@ -13,7 +13,9 @@ PAD, EOS, UNK = "<pad>", "</s>", "<unk>"
 SPECIAL_TOKENS = [PAD, EOS, UNK]  # ids 0, 1, 2
 
 
-def train_joint_bpe(texts: Iterable[str], vocab_size: int = 8000, min_frequency: int = 2) -> PreTrainedTokenizerFast:
+def train_joint_bpe(
+    texts: Iterable[str], vocab_size: int = 8000, min_frequency: int = 2
+) -> PreTrainedTokenizerFast:
     """Learn one BPE vocabulary over source and target text (shared embeddings need a shared vocabulary)."""
     bpe = Tokenizer(models.BPE(unk_token=UNK))
     bpe.normalizer = normalizers.NFKC()

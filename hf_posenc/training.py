@@ -25,7 +25,11 @@ def tokenize_parallel(tokenizer, source: list[str], target: list[str], max_lengt
     """
     source_ids = tokenizer(source)["input_ids"]
     target_ids = tokenizer(text_target=target)["input_ids"]
-    too_long = [i for i, (s, t) in enumerate(zip(source_ids, target_ids, strict=True)) if max(len(s), len(t)) > max_length]
+    too_long = [
+        i
+        for i, (s, t) in enumerate(zip(source_ids, target_ids, strict=True))
+        if max(len(s), len(t)) > max_length
+    ]
     if too_long:
         raise ValueError(
             f"{len(too_long)} pair(s) exceed max_length={max_length} tokens (first: pair {too_long[0]}, "
@@ -88,7 +92,9 @@ def translate(
         batch = tokenizer([sentences[i] for i in indices], return_tensors="pt", padding=True).to(model.device)
         with torch.autocast(device_type=model.device.type, dtype=torch.bfloat16, enabled=bf16):
             generated = model.generate(**batch, **generate_kwargs)
-        for index, text in zip(indices, tokenizer.batch_decode(generated, skip_special_tokens=True), strict=True):
+        for index, text in zip(
+            indices, tokenizer.batch_decode(generated, skip_special_tokens=True), strict=True
+        ):
             outputs[index] = text
     return outputs
 

@@ -27,7 +27,12 @@ from transformers import (
     Seq2SeqTrainingArguments,
 )
 
-from hf_posenc import POSITION_ENCODINGS, TOKEN_MIXERS, MarianPosEncConfig, MarianPosEncForConditionalGeneration
+from hf_posenc import (
+    POSITION_ENCODINGS,
+    TOKEN_MIXERS,
+    MarianPosEncConfig,
+    MarianPosEncForConditionalGeneration,
+)
 from hf_posenc.data import read_split
 from hf_posenc.model_card import write_model_card
 from hf_posenc.tokenization import train_joint_bpe
@@ -44,7 +49,9 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def parse_args(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     data = parser.add_argument_group("data")
     data.add_argument("--data_dir", default=str(REPO.parent / "shared" / "data" / "multi30k"))
     data.add_argument("--source_lang", default="en")
@@ -57,8 +64,12 @@ def parse_args(argv=None):
 
     model = parser.add_argument_group("model")
     model.add_argument("--architecture", choices=["marian_posenc", "stock_marian"], default="marian_posenc")
-    model.add_argument("--position_encoding", choices=sorted(POSITION_ENCODINGS), default=None,
-                       help="both stacks (shorthand); default sinusoidal")
+    model.add_argument(
+        "--position_encoding",
+        choices=sorted(POSITION_ENCODINGS),
+        default=None,
+        help="both stacks (shorthand); default sinusoidal",
+    )
     model.add_argument("--encoder_position_encoding", choices=sorted(POSITION_ENCODINGS), default=None)
     model.add_argument("--decoder_position_encoding", choices=sorted(POSITION_ENCODINGS), default=None)
     for site in ("encoder_self_attention", "decoder_self_attention", "cross_attention"):
@@ -79,8 +90,12 @@ def parse_args(argv=None):
     train.add_argument("--learning_rate", type=float, default=2e-3)
     train.add_argument("--warmup_steps", type=int, default=300)
     train.add_argument("--label_smoothing", type=float, default=0.1)
-    train.add_argument("--precision", choices=["bf16", "fp32"], default=None,
-                       help="default: bf16 autocast for marian_posenc, fp32 for stock_marian")
+    train.add_argument(
+        "--precision",
+        choices=["bf16", "fp32"],
+        default=None,
+        help="default: bf16 autocast for marian_posenc, fp32 for stock_marian",
+    )
     train.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: all cores)")
     train.add_argument("--seed", type=int, default=1)
     parser.add_argument("--output_dir", default=None, help="default outputs/multi30k-<src>-<tgt>-<module>")
@@ -131,17 +146,27 @@ def main(argv=None):
     module_name = args.position_encoding or args.encoder_position_encoding or "sinusoidal"
     if args.architecture == "stock_marian":
         module_name = "stock-marian"
-    output_dir = Path(args.output_dir or f"outputs/multi30k-{args.source_lang}-{args.target_lang}-{module_name}")
+    output_dir = Path(
+        args.output_dir or f"outputs/multi30k-{args.source_lang}-{args.target_lang}-{module_name}"
+    )
 
-    train_text = read_split(args.data_dir, args.train_split, args.source_lang, args.target_lang, limit=args.train_limit)
-    test_text = read_split(args.data_dir, args.test_split, args.source_lang, args.target_lang, limit=args.test_limit)
-    logger.info("data: %d training pairs from %s, %d test pairs", len(train_text), train_text.name, len(test_text))
+    train_text = read_split(
+        args.data_dir, args.train_split, args.source_lang, args.target_lang, limit=args.train_limit
+    )
+    test_text = read_split(
+        args.data_dir, args.test_split, args.source_lang, args.target_lang, limit=args.test_limit
+    )
+    logger.info(
+        "data: %d training pairs from %s, %d test pairs", len(train_text), train_text.name, len(test_text)
+    )
 
     tokenizer = train_joint_bpe(train_text.source + train_text.target, vocab_size=args.vocab_size)
     train_dataset = tokenize_parallel(tokenizer, train_text.source, train_text.target, args.max_length)
     model = build_model(args, tokenizer)
     parameters = sum(p.numel() for p in model.parameters())
-    logger.info("model: %s, %.2fM parameters, precision %s", type(model).__name__, parameters / 1e6, precision)
+    logger.info(
+        "model: %s, %.2fM parameters, precision %s", type(model).__name__, parameters / 1e6, precision
+    )
 
     training_args = Seq2SeqTrainingArguments(
         output_dir=str(output_dir.with_name(output_dir.name + "-checkpoints")),
@@ -181,8 +206,14 @@ def main(argv=None):
 
     decode_started = time.monotonic()
     hypotheses = translate(
-        model, tokenizer, test_text.source, bf16=precision == "bf16",
-        num_beams=4, length_penalty=0.6, max_new_tokens=args.max_length + 50, bad_words_ids=[[tokenizer.pad_token_id]],
+        model,
+        tokenizer,
+        test_text.source,
+        bf16=precision == "bf16",
+        num_beams=4,
+        length_penalty=0.6,
+        max_new_tokens=args.max_length + 50,
+        bad_words_ids=[[tokenizer.pad_token_id]],
     )
     decode_seconds = time.monotonic() - decode_started
     scores = score_translations(hypotheses, test_text.target)
@@ -213,14 +244,22 @@ def main(argv=None):
         training=(
             f"{steps} steps in {train_minutes:.1f} min on {torch.get_num_threads()} CPU threads, {precision}, "
             f"lr {args.learning_rate} inverse-sqrt (warm-up {args.warmup_steps}), label smoothing {args.label_smoothing}, "
-            + (f"{args.max_tokens} tokens per batch" if args.architecture == "marian_posenc" else f"{args.batch_size} sentences per batch")
+            + (
+                f"{args.max_tokens} tokens per batch"
+                if args.architecture == "marian_posenc"
+                else f"{args.batch_size} sentences per batch"
+            )
         ),
     )
 
     print(f"\nBLEU    {scores['bleu']:6.2f}  {scores['bleu_signature']}")
     print(f"chrF++  {scores['chrf++']:6.2f}  {scores['chrf++_signature']}")
-    print(f"{steps} steps, training {train_minutes:.1f} min, decoding {decode_seconds:.0f} s, total {scores['total_minutes']:.1f} min")
-    for source, hypothesis, reference in list(zip(test_text.source, hypotheses, test_text.target, strict=True))[: args.examples]:
+    print(
+        f"{steps} steps, training {train_minutes:.1f} min, decoding {decode_seconds:.0f} s, total {scores['total_minutes']:.1f} min"
+    )
+    for source, hypothesis, reference in list(
+        zip(test_text.source, hypotheses, test_text.target, strict=True)
+    )[: args.examples]:
         print(f"\n  src: {source}\n  hyp: {hypothesis}\n  ref: {reference}")
     print(f"\nwrote {output_dir}")
     return scores
