@@ -3,11 +3,10 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 
+RECIPE ?= multi30k-en-de-small
 MODULE ?= sinusoidal
 MINUTES ?= 16
-SRC ?= en
-TGT ?= de
-OUTPUT ?= outputs/multi30k-$(SRC)-$(TGT)-$(MODULE)
+OUTPUT ?= outputs/$(RECIPE)-$(MODULE)
 ARGS ?=
 
 .PHONY: install train train-stock test test-all lint bench
@@ -20,15 +19,15 @@ $(VENV)/.installed: pyproject.toml
 
 install: $(VENV)/.installed
 
-## Train + evaluate on the shipped Multi30k, write a Hub-ready folder (MODULE=learned MINUTES=16 OUTPUT=...)
+## Train + evaluate on the shipped Multi30k, write a Hub-ready folder (MODULE=learned MINUTES=16 RECIPE=... OUTPUT=...)
 train: install
-	$(PY) train_scripts/train.py --source_lang $(SRC) --target_lang $(TGT) --position_encoding $(MODULE) \
-		--minutes $(MINUTES) --output_dir $(OUTPUT) $(ARGS)
+	$(PY) train_scripts/train.py --recipe $(RECIPE) --position_encoding $(MODULE) --minutes $(MINUTES) \
+		--output_dir $(OUTPUT) $(ARGS)
 
 ## The baseline: stock transformers.MarianMTModel + plain Seq2SeqTrainer, same data, budget and evaluation
 train-stock: install
-	$(PY) train_scripts/train.py --source_lang $(SRC) --target_lang $(TGT) --architecture stock_marian \
-		--learning_rate 7e-4 --minutes $(MINUTES) --output_dir outputs/multi30k-$(SRC)-$(TGT)-stock-marian $(ARGS)
+	$(PY) train_scripts/train.py --recipe $(RECIPE) --architecture stock_marian --learning_rate 7e-4 \
+		--minutes $(MINUTES) --output_dir outputs/$(RECIPE)-stock-marian $(ARGS)
 
 ## The test suite CI runs (slow end-to-end runs excluded)
 test: install

@@ -46,8 +46,6 @@ def read_parallel(
     source_path, target_path, empty_lines: str = "error", limit: int | None = None
 ) -> ParallelText:
     """Line-aligned source and target files -> ParallelText, validated."""
-    if empty_lines not in EMPTY_LINE_POLICIES:
-        raise ValueError(f"empty_lines={empty_lines!r}; allowed: {', '.join(EMPTY_LINE_POLICIES)}")
     source, target = read_lines(source_path), read_lines(target_path)
     if len(source) != len(target):
         raise ValueError(
@@ -55,28 +53,75 @@ def read_parallel(
         )
     if not source:
         raise ValueError(f"empty split: {source_path} and {target_path} contain no lines")
+    text = drop_or_reject_empty(
+        ParallelText(source, target, name=f"{source_path} / {target_path}"), empty_lines
+    )
+    if limit is not None:
+        text = ParallelText(text.source[:limit], text.target[:limit], text.name)
+    return text
+
+
+def drop_or_reject_empty(text: ParallelText, empty_lines: str) -> ParallelText:
+    """Pairs with an empty side: an error naming the first line (default), or dropped in pairs and counted."""
+    if empty_lines not in EMPTY_LINE_POLICIES:
+        raise ValueError(f"empty_lines={empty_lines!r}; allowed: {', '.join(EMPTY_LINE_POLICIES)}")
     empty = [
-        i + 1 for i, (s, t) in enumerate(zip(source, target, strict=True)) if not s.strip() or not t.strip()
+        i
+        for i, (s, t) in enumerate(zip(text.source, text.target, strict=True))
+        if not s.strip() or not t.strip()
     ]
-    if empty and empty_lines == "error":
+    if not empty:
+        return text
+    if empty_lines == "error":
         raise ValueError(
-            f"{len(empty)} empty line(s) in {source_path} / {target_path} (first at line {empty[0]}); "
+            f"{len(empty)} empty line(s) in {text.name} (first at line {empty[0] + 1}); "
             "clean the data or pass empty_lines='skip' to drop those pairs"
         )
-    if empty:
-        logger.warning(
-            "dropping %d pairs with an empty side from %s / %s", len(empty), source_path, target_path
-        )
-        dropped = set(empty)
-        pairs = [(s, t) for i, (s, t) in enumerate(zip(source, target, strict=True)) if i + 1 not in dropped]
-        source, target = [s for s, _ in pairs], [t for _, t in pairs]
-    if limit is not None:
-        source, target = source[:limit], target[:limit]
-    return ParallelText(source, target, name=str(source_path))
+    logger.warning("dropping %d pairs with an empty side from %s", len(empty), text.name)
+    dropped = set(empty)
+    keep = [i for i in range(len(text.source)) if i not in dropped]
+    return ParallelText([text.source[i] for i in keep], [text.target[i] for i in keep], text.name)
 
 
 def read_split(data_dir, split: str, source_lang: str, target_lang: str, **kwargs) -> ParallelText:
     data_dir = Path(data_dir)
     return read_parallel(
         find_split_file(data_dir, split, source_lang), find_split_file(data_dir, split, target_lang), **kwargs
+    )
+
+
+def parallel_from_translation_dataset(
+    dataset,
+    source_lang: str,
+    target_lang: str,
+    name: str,
+    empty_lines: str = "error",
+    limit: int | None = None,
+) -> ParallelText:
+    """A `datasets` split with the WMT schema (`translation: {lang: text}`) -> validated ParallelText."""
+    if "translation" not in dataset.column_names:
+        raise ValueError(f"{name} has columns {dataset.column_names}; expected a 'translation' column")
+    if limit is not None:
+        dataset = dataset.select(range(min(limit, len(dataset))))
+    pairs = dataset["translation"]
+    if not pairs:
+        raise ValueError(f"empty split: {name} contains no examples")
+    languages = set(pairs[0])
+    for lang in (source_lang, target_lang):
+        if lang not in languages:
+            raise ValueError(f"{name} has languages {sorted(languages)}; {lang!r} is not among them")
+    source = [pair[source_lang] for pair in pairs]
+    target = [pair[target_lang] for pair in pairs]
+    return drop_or_reject_empty(ParallelText(source, target, name), empty_lines)
+
+
+def read_hf_translation(
+    dataset_name: str, config_name: str | None, split: str, source_lang: str, target_lang: str, **kwargs
+) -> ParallelText:
+    """Training data from the Hub (needs network), e.g. `wmt14` / `de-en`."""
+    import datasets
+
+    dataset = datasets.load_dataset(dataset_name, config_name, split=split)
+    return parallel_from_translation_dataset(
+        dataset, source_lang, target_lang, name=f"{dataset_name}/{config_name}:{split}", **kwargs
     )

@@ -4,14 +4,12 @@
   number of sentences, through its `get_train_dataloader` hook;
 * `TimeBudgetCallback`: stops training after a wall-clock budget (the default recipe trains for minutes,
   not epochs);
-* `tokenize_parallel`, `translate` and `score_translations` (sacreBLEU BLEU + chrF++ with signatures).
+* `tokenize_parallel`: tokenised pairs with their lengths, over-long pairs rejected.
 """
 
 import time
 
 import datasets
-import sacrebleu
-import torch
 from torch.utils.data import DataLoader
 from transformers import Seq2SeqTrainer, TrainerCallback
 
@@ -77,37 +75,3 @@ class TimeBudgetCallback(TrainerCallback):
     def on_step_end(self, args, state, control, **kwargs):
         if time.monotonic() - self.start > self.seconds:
             control.should_training_stop = True
-
-
-@torch.no_grad()
-def translate(
-    model, tokenizer, sentences: list[str], batch_size: int = 64, bf16: bool = False, **generate_kwargs
-) -> list[str]:
-    """Translate in length-sorted batches (less padding), returning outputs in the input order."""
-    model.eval()
-    order = sorted(range(len(sentences)), key=lambda i: len(sentences[i]))
-    outputs = [None] * len(sentences)
-    for start in range(0, len(order), batch_size):
-        indices = order[start : start + batch_size]
-        batch = tokenizer([sentences[i] for i in indices], return_tensors="pt", padding=True).to(model.device)
-        with torch.autocast(device_type=model.device.type, dtype=torch.bfloat16, enabled=bf16):
-            generated = model.generate(**batch, **generate_kwargs)
-        for index, text in zip(
-            indices, tokenizer.batch_decode(generated, skip_special_tokens=True), strict=True
-        ):
-            outputs[index] = text
-    return outputs
-
-
-def score_translations(hypotheses: list[str], references: list[str]) -> dict:
-    """sacreBLEU BLEU (13a) and chrF++ on detokenised text, with their signatures."""
-    bleu = sacrebleu.metrics.BLEU()
-    chrf = sacrebleu.metrics.CHRF(word_order=2)
-    bleu_score = bleu.corpus_score(hypotheses, [references])
-    chrf_score = chrf.corpus_score(hypotheses, [references])
-    return {
-        "bleu": round(bleu_score.score, 2),
-        "chrf++": round(chrf_score.score, 2),
-        "bleu_signature": str(bleu.get_signature()),
-        "chrf++_signature": str(chrf.get_signature()),
-    }

@@ -40,14 +40,14 @@ def test_tiny_training_run_writes_a_hub_ready_folder_that_loads_without_the_pack
     assert "BLEU" in printed and "nrefs:1|case:mixed|eff:no|tok:13a" in printed and "chrF++" in printed
     assert scores["steps"] == 30 and scores["test_pairs"] == 40
     for name in ("model.safetensors", "config.json", "generation_config.json", "tokenizer.json", "README.md",
-                 "scores.json", "modeling_marian_posenc.py", "posenc_absolute.py", "test_2016_flickr.hyp.de"):
+                 "scores.json", "modeling_marian_posenc.py", "posenc_absolute.py", "test.hyp.de"):
         assert (output / name).is_file(), name
     config = json.loads((output / "config.json").read_text())
     assert config["auto_map"]["AutoModelForSeq2SeqLM"].startswith("modeling_marian_posenc.")
     assert config["encoder_position_encoding"] == "learned"
     card = (output / "README.md").read_text()
     assert card.startswith("---\n") and "model-index:" in card and f"value: {scores['bleu']}" in card
-    assert len((output / "test_2016_flickr.hyp.de").read_text().splitlines()) == 40
+    assert len((output / "test.hyp.de").read_text().splitlines()) == 40
 
     completed = subprocess.run([sys.executable, "-c", LOAD_WITHOUT_PACKAGE, str(output)], capture_output=True,
                                text=True, timeout=300, cwd=tmp_path)  # fmt: skip

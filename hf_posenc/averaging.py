@@ -1,0 +1,67 @@
+"""Checkpoint averaging (fairseq's `average_checkpoints.py`, which the HF stack lacks).
+
+Paper 1 averages the last 5 checkpoints; paper 2 takes the checkpoint with the best validation perplexity
+and the ones that follow it. Tensors are read from safetensors only.
+"""
+
+import json
+import math
+import re
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+
+CHECKPOINT_PATTERN = re.compile(r"^checkpoint-(\d+)$")
+
+
+def list_checkpoints(checkpoints_dir) -> list[Path]:
+    """`checkpoint-<step>` folders of a Trainer run, by step."""
+    checkpoints_dir = Path(checkpoints_dir)
+    if not checkpoints_dir.is_dir():
+        raise FileNotFoundError(f"checkpoint folder {checkpoints_dir} does not exist")
+    found = [p for p in checkpoints_dir.iterdir() if CHECKPOINT_PATTERN.match(p.name) and p.is_dir()]
+    return sorted(found, key=lambda p: int(CHECKPOINT_PATTERN.match(p.name).group(1)))
+
+
+def validation_perplexities(checkpoint: Path) -> dict[int, float]:
+    """step -> validation perplexity, from the Trainer state saved with a checkpoint."""
+    state = json.loads((checkpoint / "trainer_state.json").read_text())
+    return {entry["step"]: math.exp(entry["eval_loss"]) for entry in state["log_history"] if "eval_loss" in entry}
+
+
+def select_checkpoints(checkpoints_dir, last: int | None = None, best: int | None = None) -> list[Path]:
+    """The last `last` checkpoints, or the best-perplexity checkpoint and its `best - 1` followers."""
+    if (last is None) == (best is None):
+        raise ValueError("choose exactly one of last=N or best=N")
+    checkpoints = list_checkpoints(checkpoints_dir)
+    wanted = last or best
+    if wanted < 1 or len(checkpoints) < wanted:
+        raise ValueError(f"asked to average {wanted} checkpoints, {checkpoints_dir} has {len(checkpoints)}")
+    if last is not None:
+        return checkpoints[-last:]
+    perplexity = validation_perplexities(checkpoints[-1])
+    steps = [int(CHECKPOINT_PATTERN.match(p.name).group(1)) for p in checkpoints]
+    missing = [s for s in steps if s not in perplexity]
+    if missing:
+        raise ValueError(f"no validation loss logged at checkpoint steps {missing}; evaluate at every save")
+    start = min(range(len(steps) - wanted + 1), key=lambda i: perplexity[steps[i]])
+    return checkpoints[start : start + wanted]
+
+
+def average_state_dicts(checkpoints: list[Path]) -> dict[str, torch.Tensor]:
+    """Element-wise mean of the floating-point tensors of `model.safetensors` in each checkpoint (fp32 sums)."""
+    total: dict[str, torch.Tensor] = {}
+    for checkpoint in checkpoints:
+        path = checkpoint / "model.safetensors"
+        if not path.is_file():
+            raise FileNotFoundError(f"{path} is missing (only safetensors checkpoints are averaged)")
+        with safe_open(path, "pt") as weights:
+            keys = set(weights.keys())
+            if total and keys != set(total):
+                raise ValueError(f"{path} holds different tensors than {checkpoints[0]}")
+            for key in keys:
+                tensor = weights.get_tensor(key)
+                value = tensor.float() if tensor.is_floating_point() else tensor
+                total[key] = total[key] + value if key in total and tensor.is_floating_point() else value
+    return {key: (value / len(checkpoints) if value.is_floating_point() else value) for key, value in total.items()}

@@ -1,0 +1,46 @@
+"""Average Trainer checkpoints into a normal model folder.
+
+    python train_scripts/average_checkpoints.py RUN-checkpoints --last 5 --output_dir outputs/avg
+    python train_scripts/average_checkpoints.py RUN-checkpoints --best 5 --output_dir outputs/avg
+
+`--last N`: the last N checkpoints (paper 1). `--best N`: the checkpoint with the lowest validation
+perplexity and the N-1 after it (paper 2). The folder gets the averaged weights plus the config, model
+code, generation config and tokenizer of the newest checkpoint.
+"""
+
+import argparse
+
+from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
+
+import hf_posenc  # noqa: F401  (registers the Auto classes)
+from hf_posenc.averaging import average_state_dicts, select_checkpoints
+
+
+def average_into_folder(checkpoints_dir, output_dir, last=None, best=None):
+    chosen = select_checkpoints(checkpoints_dir, last=last, best=best)
+    model = AutoModelForSeq2SeqLM.from_pretrained(chosen[-1])
+    state = average_state_dicts(chosen)
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    tied = set(getattr(model, "_tied_weights_keys", None) or {})
+    if unexpected or set(missing) - tied:
+        raise ValueError(f"averaged tensors do not fit the model: missing {missing}, unexpected {unexpected}")
+    model.tie_weights()
+    model.save_pretrained(output_dir)
+    AutoTokenizer.from_pretrained(chosen[-1]).save_pretrained(output_dir)
+    return chosen
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("checkpoints_dir")
+    group = parser.add_mutually_exclusive_group(required=True)
+    group.add_argument("--last", type=int)
+    group.add_argument("--best", type=int)
+    parser.add_argument("--output_dir", required=True)
+    args = parser.parse_args(argv)
+    chosen = average_into_folder(args.checkpoints_dir, args.output_dir, last=args.last, best=args.best)
+    print(f"averaged {', '.join(p.name for p in chosen)} -> {args.output_dir}")
+
+
+if __name__ == "__main__":
+    main()
