@@ -68,8 +68,10 @@ def paired_bootstrap(
         [("baseline", baseline), ("system", system)], metrics, [references], test_type="bs", n_samples=samples
     )()
     report = {}
-    for name in metrics:
-        base, test = results[name]
+    # sacreBLEU keys its results by the scores' own names ("BLEU", "chrF2++"), in the metrics' order.
+    score_names = [key for key in results if key != "System"]
+    for name, score_name in zip(metrics, score_names, strict=True):
+        base, test = results[score_name]
         p_value = float(test.p_value)
         mark = "**" if p_value < SIGNIFICANCE_LEVELS[0] else "*" if p_value < SIGNIFICANCE_LEVELS[1] else ""
         report[name] = {
@@ -79,7 +81,7 @@ def paired_bootstrap(
             "system_95ci": round(float(test.ci), 2),
             "p_value": round(p_value, 4),
             "significance": mark,
-            "signature": str(signatures[name]),
+            "signature": str(signatures[score_name]),
         }
     return report
 

@@ -32,15 +32,26 @@ LOAD_WITHOUT_PACKAGE = textwrap.dedent(
 )
 
 
-def test_tiny_training_run_writes_a_hub_ready_folder_that_loads_without_the_package(multi30k_dir, tmp_path, capsys):
+def test_tiny_training_run_writes_a_hub_ready_folder_that_loads_without_the_package(
+    multi30k_dir, tmp_path, capsys
+):
     output = tmp_path / "run"
     scores = train.main([*TINY, "--data_dir", str(multi30k_dir), "--position_encoding", "learned",
                          "--output_dir", str(output)])  # fmt: skip
     printed = capsys.readouterr().out
     assert "BLEU" in printed and "nrefs:1|case:mixed|eff:no|tok:13a" in printed and "chrF++" in printed
     assert scores["steps"] == 30 and scores["test_pairs"] == 40
-    for name in ("model.safetensors", "config.json", "generation_config.json", "tokenizer.json", "README.md",
-                 "scores.json", "modeling_marian_posenc.py", "posenc_absolute.py", "test.hyp.de"):
+    for name in (
+        "model.safetensors",
+        "config.json",
+        "generation_config.json",
+        "tokenizer.json",
+        "README.md",
+        "scores.json",
+        "modeling_marian_posenc.py",
+        "posenc_absolute.py",
+        "test.hyp.de",
+    ):
         assert (output / name).is_file(), name
     config = json.loads((output / "config.json").read_text())
     assert config["auto_map"]["AutoModelForSeq2SeqLM"].startswith("modeling_marian_posenc.")

@@ -31,7 +31,9 @@ def average_into_folder(checkpoints_dir, output_dir, last=None, best=None):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("checkpoints_dir")
     group = parser.add_mutually_exclusive_group(required=True)
     group.add_argument("--last", type=int)

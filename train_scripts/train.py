@@ -51,6 +51,7 @@ from hf_posenc.training import TimeBudgetCallback, TokenBudgetSeq2SeqTrainer, to
 logger = logging.getLogger("train")
 REPO = Path(__file__).resolve().parents[1]
 RECIPES = REPO / "train_scripts" / "recipes"
+LOCAL_METRIC = REPO / "train_scripts" / "metrics" / "translation_scores"
 DEFAULT_RECIPE = "multi30k-en-de-small"
 
 
@@ -59,7 +60,9 @@ def recipe_names() -> list[str]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--recipe", default=DEFAULT_RECIPE, help=f"one of: {', '.join(recipe_names())}")
 
     data = parser.add_argument_group("data (explicit files > hf_dataset > data_dir splits)")
@@ -97,7 +100,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     train = parser.add_argument_group("training")
     train.add_argument("--minutes", type=float, default=16.0, help="wall-clock training budget (0: none)")
-    train.add_argument("--max_steps", type=int, default=1_000_000, help="update budget (whichever ends first)")
+    train.add_argument(
+        "--max_steps", type=int, default=1_000_000, help="update budget (whichever ends first)"
+    )
     train.add_argument("--max_tokens", type=int, default=6000, help="padded tokens per batch (marian_posenc)")
     train.add_argument("--update_freq", type=int, default=1, help="batches accumulated per update")
     train.add_argument("--batch_size", type=int, default=64, help="sentences per batch (stock_marian)")
@@ -108,8 +113,13 @@ def build_parser() -> argparse.ArgumentParser:
                        help="default: bf16 autocast for marian_posenc, fp32 for stock_marian")  # fmt: skip
     train.add_argument("--save_steps", type=int, default=0, help="checkpoint every N updates (0: none)")
     train.add_argument("--eval_steps", type=int, default=0, help="validation perplexity every N updates")
+    train.add_argument(
+        "--eval_bleu", action="store_true", help="also decode the validation set (greedy) and score it"
+    )
     train.add_argument("--average_last", type=int, default=0, help="average the last N checkpoints")
-    train.add_argument("--average_best", type=int, default=0, help="average the best-perplexity one + followers")
+    train.add_argument(
+        "--average_best", type=int, default=0, help="average the best-perplexity one + followers"
+    )
     train.add_argument("--resume_from_checkpoint", default=None, help="a checkpoint folder, or 'last'")
     train.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: all cores)")
     train.add_argument("--seed", type=int, default=1)
@@ -145,8 +155,12 @@ def parse_args(argv=None) -> argparse.Namespace:
         parser.error("choose one of --average_last and --average_best")
     if (args.average_last or args.average_best) and not args.save_steps:
         parser.error("checkpoint averaging needs checkpoints: set --save_steps")
+    if args.eval_bleu and not args.eval_steps:
+        parser.error("--eval_bleu scores the validation set at --eval_steps: set it")
     if args.average_best and args.eval_steps != args.save_steps:
-        parser.error("--average_best needs the validation perplexity at every checkpoint: --eval_steps = --save_steps")
+        parser.error(
+            "--average_best needs the validation perplexity at every checkpoint: --eval_steps = --save_steps"
+        )
     return args
 
 
@@ -202,16 +216,39 @@ def build_model(args, tokenizer):
     return MarianPosEncForConditionalGeneration(config)
 
 
+def translation_metrics(tokenizer):
+    """`compute_metrics` for the Trainer: BLEU and chrF++ through the local `evaluate` metric module."""
+    import evaluate
+    import numpy as np
+
+    metric = evaluate.load(str(LOCAL_METRIC))
+
+    def compute_metrics(prediction):
+        predictions = np.where(prediction.predictions >= 0, prediction.predictions, tokenizer.pad_token_id)
+        labels = np.where(prediction.label_ids >= 0, prediction.label_ids, tokenizer.pad_token_id)
+        scores = metric.compute(
+            predictions=tokenizer.batch_decode(predictions, skip_special_tokens=True),
+            references=tokenizer.batch_decode(labels, skip_special_tokens=True),
+        )
+        return {"bleu": scores["bleu"], "chrf++": scores["chrf++"]}
+
+    return compute_metrics
+
+
 def installed_loggers() -> list[str]:
     return [name for name in ("tensorboard", "trackio") if importlib.util.find_spec(name) is not None]
 
 
 def average_into(model, checkpoints_dir, args) -> list[str]:
     """Load the average of the chosen checkpoints into `model` (tied weights re-tied)."""
-    chosen = select_checkpoints(checkpoints_dir, last=args.average_last or None, best=args.average_best or None)
+    chosen = select_checkpoints(
+        checkpoints_dir, last=args.average_last or None, best=args.average_best or None
+    )
     missing, unexpected = model.load_state_dict(average_state_dicts(chosen), strict=False)
     if unexpected or set(missing) - set(model._tied_weights_keys or {}):
-        raise ValueError(f"averaged checkpoints do not fit the model: missing {missing}, unexpected {unexpected}")
+        raise ValueError(
+            f"averaged checkpoints do not fit the model: missing {missing}, unexpected {unexpected}"
+        )
     model.tie_weights()
     return [path.name for path in chosen]
 
@@ -242,7 +279,9 @@ def main(argv=None):
         valid_dataset = tokenize_parallel(tokenizer, valid_text.source, valid_text.target, args.max_length)
     model = build_model(args, tokenizer)
     parameters = sum(p.numel() for p in model.parameters())
-    logger.info("model: %s, %.2fM parameters, precision %s", type(model).__name__, parameters / 1e6, precision)
+    logger.info(
+        "model: %s, %.2fM parameters, precision %s", type(model).__name__, parameters / 1e6, precision
+    )
     if args.architecture == "marian_posenc":
         sampler = TokenBudgetBatchSampler(train_dataset["length"], args.max_tokens, seed=args.seed)
         logger.info("token-budget batching: %d batches per epoch, %.1f%% padding", len(sampler),
@@ -269,6 +308,9 @@ def main(argv=None):
         save_only_model=False,
         eval_strategy="steps" if args.eval_steps else "no",
         eval_steps=args.eval_steps or None,
+        predict_with_generate=args.eval_bleu,
+        generation_num_beams=1,
+        generation_max_length=args.max_length + 50,
         logging_steps=50,
         report_to=installed_loggers() if args.report_to == "auto" else args.report_to,
         seed=args.seed,
@@ -283,6 +325,7 @@ def main(argv=None):
         data_collator=collator,
         processing_class=tokenizer,
         callbacks=[TimeBudgetCallback(args.minutes)] if args.minutes else [],
+        compute_metrics=translation_metrics(tokenizer) if args.eval_bleu else None,
     )
     if args.architecture == "stock_marian":
         trainer = Seq2SeqTrainer(**trainer_kwargs)
@@ -321,7 +364,11 @@ def main(argv=None):
     tokenizer.save_pretrained(output_dir)
     (output_dir / "scores.json").write_text(json.dumps(scores, indent=2) + "\n")
     (output_dir / f"test.hyp.{args.target_lang}").write_text("\n".join(hypotheses) + "\n")
-    batching = f"{args.max_tokens} tokens" if args.architecture == "marian_posenc" else f"{args.batch_size} sentences"
+    batching = (
+        f"{args.max_tokens} tokens"
+        if args.architecture == "marian_posenc"
+        else f"{args.batch_size} sentences"
+    )
     write_model_card(
         output_dir,
         model.config,
@@ -333,7 +380,8 @@ def main(argv=None):
         training=(
             f"recipe `{args.recipe}`: {steps} updates in {train_minutes:.1f} min, {precision}, {batching} per batch"
             f" x {args.update_freq}, lr {args.learning_rate} inverse-sqrt (warm-up {args.warmup_steps}), "
-            f"label smoothing {args.label_smoothing}" + (f", average of {', '.join(averaged)}" if averaged else "")
+            f"label smoothing {args.label_smoothing}"
+            + (f", average of {', '.join(averaged)}" if averaged else "")
         ),
     )
     if args.hub_dry_run:
@@ -343,15 +391,17 @@ def main(argv=None):
 
         api = HfApi()
         api.create_repo(args.hub_model_id, exist_ok=True)
-        api.upload_folder(repo_id=args.hub_model_id, folder_path=str(output_dir), commit_message="hf_posenc training run")
+        api.upload_folder(
+            repo_id=args.hub_model_id, folder_path=str(output_dir), commit_message="hf_posenc training run"
+        )
 
     print(f"\nBLEU    {scores['bleu']:6.2f}  {scores['bleu_signature']}")
     print(f"chrF++  {scores['chrf++']:6.2f}  {scores['chrf++_signature']}")
     print(f"{steps} updates, training {train_minutes:.1f} min, decoding {decode_seconds:.0f} s, "
           f"total {scores['total_minutes']:.1f} min")  # fmt: skip
-    for source, hypothesis, reference in list(zip(test_text.source, hypotheses, test_text.target, strict=True))[
-        : args.examples
-    ]:
+    for source, hypothesis, reference in list(
+        zip(test_text.source, hypotheses, test_text.target, strict=True)
+    )[: args.examples]:
         print(f"\n  src: {source}\n  hyp: {hypothesis}\n  ref: {reference}")
     print(f"\nwrote {output_dir}")
     return scores

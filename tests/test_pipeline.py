@@ -1,0 +1,247 @@
+"""The training pipeline around Seq2SeqTrainer: recipes, data adapters, loss correctness, checkpoint
+averaging, evaluation and significance, multi-process training and resuming after a real kill."""
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+
+import datasets
+import pytest
+import torch
+from conftest import REPO, tiny_model
+from safetensors.torch import load_file
+
+sys.path.insert(0, str(REPO / "train_scripts"))
+import average_checkpoints  # noqa: E402
+import evaluate_translation  # noqa: E402
+import train  # noqa: E402
+from trainer_probe import build_trainer  # noqa: E402
+
+from hf_posenc.averaging import average_state_dicts, select_checkpoints  # noqa: E402
+from hf_posenc.data import parallel_from_translation_dataset, read_lines  # noqa: E402
+from hf_posenc.evaluation import ngram_sweep, paired_bootstrap, plot_ngram_sweep  # noqa: E402
+
+PROBE = REPO / "tests" / "trainer_probe.py"
+
+
+@pytest.mark.parametrize("recipe", train.recipe_names())
+def test_every_recipe_parses_into_valid_arguments(recipe):
+    args = train.parse_args(["--recipe", recipe])
+    assert args.recipe == recipe and args.max_tokens > 0 and args.learning_rate > 0
+
+
+def test_wmt_recipes_follow_paper_one():
+    args = train.parse_args(["--recipe", "wmt14-en-de-base"])
+    assert (args.learning_rate, args.warmup_steps, args.label_smoothing) == (7e-4, 4000, 0.1)
+    assert (args.max_tokens, args.update_freq, args.max_steps, args.average_last) == (4096, 8, 150000, 5)
+    assert train.repo_path(args.test_source).is_file()  # newstest2014 is shipped
+
+
+def test_command_line_overrides_the_recipe():
+    args = train.parse_args(
+        ["--recipe", "multi30k-en-de-tiny", "--d_model", "64", "--position_encoding", "learned"]
+    )
+    assert args.d_model == 64 and args.layers == 2 and args.position_encoding == "learned"
+
+
+def test_unknown_recipe_or_module_lists_the_valid_ones(capsys):
+    with pytest.raises(SystemExit):
+        train.parse_args(["--recipe", "wmt15"])
+    assert "unknown recipe 'wmt15'; available: iwslt14-de-en-small" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        train.parse_args(["--position_encoding", "rotary"])
+    assert "invalid choice: 'rotary'" in capsys.readouterr().err
+
+
+def test_recipe_with_an_unknown_key_is_rejected(tmp_path, monkeypatch, capsys):
+    (tmp_path / "bad.yaml").write_text("d_model: 64\nlearnig_rate: 0.1\n")
+    monkeypatch.setattr(train, "RECIPES", tmp_path)
+    with pytest.raises(SystemExit):
+        train.parse_args(["--recipe", "bad"])
+    assert "unknown keys ['learnig_rate']" in capsys.readouterr().err
+
+
+def test_hub_translation_schema_adapter_on_a_local_dataset():
+    dataset = datasets.Dataset.from_dict(
+        {"translation": [{"de": "Ein Hund.", "en": "A dog."}, {"de": "Zwei Katzen.", "en": "Two cats."}]}
+    )
+    text = parallel_from_translation_dataset(dataset, "en", "de", name="wmt14/de-en:train")
+    assert text.source == ["A dog.", "Two cats."] and text.target == ["Ein Hund.", "Zwei Katzen."]
+    with pytest.raises(ValueError, match=r"languages \['de', 'en'\]; 'fr' is not among them"):
+        parallel_from_translation_dataset(dataset, "en", "fr", name="wmt14/de-en:train")
+
+
+def test_logged_loss_is_the_true_token_level_loss_with_accumulation_and_no_smoothing(tmp_path):
+    """Marian's mean loss gets multiplied by the accumulation steps under the v5 Trainer; ours must not."""
+    trainer = build_trainer(tmp_path, max_steps=1, update_freq=3, learning_rate=0.0)
+    model = trainer.model
+    loader = iter(trainer.get_train_dataloader())
+    batches = [next(loader) for _ in range(3)]
+    total, tokens = 0.0, 0
+    model.eval()
+    with torch.no_grad():
+        for batch in batches:
+            logits = model(**{k: v for k, v in batch.items() if k != "labels"}).logits
+            total += torch.nn.functional.cross_entropy(
+                logits.flatten(0, 1), batch["labels"].flatten(), ignore_index=-100, reduction="sum"
+            ).item()
+            tokens += int((batch["labels"] != -100).sum())
+    trainer.train()
+    logged = trainer.state.log_history[0]["loss"]
+    assert logged == pytest.approx(total / tokens, rel=1e-4)
+
+
+def save_checkpoint(folder, seed, step, eval_losses):
+    model = tiny_model(seed=seed)
+    model.save_pretrained(folder / f"checkpoint-{step}")
+    history = [{"step": s, "eval_loss": loss} for s, loss in eval_losses.items()]
+    (folder / f"checkpoint-{step}" / "trainer_state.json").write_text(json.dumps({"log_history": history}))
+    return model
+
+
+def test_checkpoint_averaging_last_and_best_rules(tmp_path):
+    losses = {10: 3.0, 20: 2.0, 30: 2.5, 40: 2.6}
+    models = {step: save_checkpoint(tmp_path, seed, step, losses) for seed, step in enumerate(losses)}
+    assert [p.name for p in select_checkpoints(tmp_path, last=2)] == ["checkpoint-30", "checkpoint-40"]
+    assert [p.name for p in select_checkpoints(tmp_path, best=2)] == ["checkpoint-20", "checkpoint-30"]
+    assert [p.name for p in select_checkpoints(tmp_path, best=3)] == [
+        "checkpoint-20",
+        "checkpoint-30",
+        "checkpoint-40",
+    ]
+    average = average_state_dicts(select_checkpoints(tmp_path, last=2))
+    name = "model.encoder.layers.0.fc1.weight"
+    expected = (models[30].state_dict()[name] + models[40].state_dict()[name]) / 2
+    torch.testing.assert_close(average[name], expected)
+    with pytest.raises(ValueError, match="asked to average 5 checkpoints"):
+        select_checkpoints(tmp_path, last=5)
+
+
+def test_average_checkpoints_script_writes_a_loadable_folder(tmp_path, multi30k_dir):
+    from transformers import AutoModelForSeq2SeqLM
+
+    from hf_posenc.tokenization import train_joint_bpe
+
+    tokenizer = train_joint_bpe(["a b c", "d e f"], vocab_size=40)
+    losses = {1: 2.0, 2: 1.0}
+    models = {}
+    for seed, step in enumerate(losses):
+        models[step] = save_checkpoint(tmp_path, seed, step, losses)
+        tokenizer.save_pretrained(tmp_path / f"checkpoint-{step}")
+    average_checkpoints.main([str(tmp_path), "--last", "2", "--output_dir", str(tmp_path / "avg")])
+    loaded = AutoModelForSeq2SeqLM.from_pretrained(tmp_path / "avg")
+    name = "model.decoder.layers.1.fc2.weight"
+    torch.testing.assert_close(
+        loaded.state_dict()[name], (models[1].state_dict()[name] + models[2].state_dict()[name]) / 2
+    )
+    assert loaded.lm_head.weight.data_ptr() == loaded.model.shared.weight.data_ptr()  # still tied
+    assert "model.shared.weight" in load_file(tmp_path / "avg" / "model.safetensors")
+
+
+def test_paired_bootstrap_marks_a_clearly_better_system(multi30k_dir):
+    from hf_posenc.data import read_split
+
+    test = read_split(multi30k_dir, "test_2016_flickr", "en", "de", limit=200)
+    good = test.target
+    bad = [" ".join(line.split()[::-1]) for line in test.target]  # word order destroyed
+    report = paired_bootstrap(bad, good, test.target, samples=200)
+    assert report["bleu"]["system"] == 100.0 and report["bleu"]["significance"] == "**"
+    assert report["bleu"]["p_value"] < 0.05 and "bs:200" in report["bleu"]["signature"]
+    # two systems of the same expected quality: each damages a random half of the lines
+    generator = random.Random(0)
+    first, second = (
+        [g if generator.random() < 0.5 else b for g, b in zip(good, bad, strict=True)] for _ in range(2)
+    )
+    tie = paired_bootstrap(first, second, test.target, samples=1000)
+    assert tie["bleu"]["significance"] == "" and tie["bleu"]["p_value"] > 0.10
+
+
+def test_ngram_sweep_grows_with_order_for_word_order_damage(multi30k_dir, tmp_path):
+    from hf_posenc.data import read_split
+
+    test = read_split(multi30k_dir, "test_2016_flickr", "en", "de", limit=100)
+    shuffled = [" ".join(line.split()[::-1]) for line in test.target]
+    sweep = ngram_sweep(test.target, shuffled, test.target)
+    assert [n for n, _ in sweep["chrf_char"]] == list(range(1, 31))
+    assert sweep["bleu"][0][1] == pytest.approx(0, abs=1e-6)  # unigrams ignore order
+    assert sweep["bleu"][3][1] > sweep["bleu"][1][1] > 0  # the gap grows with the n-gram order
+    plot_ngram_sweep(sweep, tmp_path / "sweep.png")
+    assert (tmp_path / "sweep.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_evaluate_translation_script_decodes_scores_and_compares(multi30k_dir, tmp_path):
+    from hf_posenc.tokenization import train_joint_bpe
+
+    folder = tmp_path / "model"
+    model = tiny_model(max_position_embeddings=256)  # test sentences + 50 new tokens fit the table
+    model.save_pretrained(folder)
+    train_joint_bpe(["ein hund läuft", "a dog runs"], vocab_size=60).save_pretrained(folder)
+    source = multi30k_dir / "test_2016_flickr.en.gz"
+    reference = multi30k_dir / "test_2016_flickr.de.gz"
+    lines = read_lines(reference)
+    (tmp_path / "baseline.hyp").write_text("\n".join(" ".join(line.split()[::-1]) for line in lines) + "\n")
+    (tmp_path / "good.hyp").write_text("\n".join(lines) + "\n")
+    report = evaluate_translation.main([str(folder), "--source", str(source), "--reference", str(reference),
+                                        "--hypotheses", str(tmp_path / "good.hyp"), "--baseline_hypotheses",
+                                        str(tmp_path / "baseline.hyp"), "--ngram_sweep", "--bootstrap_samples", "100"])  # fmt: skip
+    assert report["scores"]["bleu"] == 100.0 and report["paired_bootstrap"]["bleu"]["significance"] == "**"
+    assert (folder / "ngram_sweep.png").is_file() and json.loads((folder / "evaluation.json").read_text())
+    decoded = evaluate_translation.main([str(folder), "--source", str(source), "--reference", str(reference),
+                                         "--num_beams", "1", "--output", str(tmp_path / "decoded.json")])  # fmt: skip
+    assert len((folder / "evaluation.hyp").read_text().splitlines()) == 1000
+    assert "nrefs:1|case:mixed|eff:no|tok:13a" in decoded["scores"]["bleu_signature"]
+
+
+def run_probe(out, *args, world_size=1, timeout=600):
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    if world_size > 1:
+        command = [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nproc_per_node",
+            str(world_size),
+            str(PROBE),
+        ]
+    else:
+        command = [sys.executable, str(PROBE)]
+    completed = subprocess.run(
+        [*command, str(out), *args], capture_output=True, text=True, timeout=timeout, env=env
+    )
+    assert completed.returncode == 0, completed.stderr[-3000:]
+
+
+def test_two_process_ddp_ranks_end_identical_and_see_different_batches(tmp_path):
+    run_probe(tmp_path, "--max_steps", "4", world_size=2)
+    rank0, rank1 = (json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1))
+    assert rank0["world_size"] == rank1["world_size"] == 2
+    assert rank0["checksum"] == rank1["checksum"]  # gradients were all-reduced
+    assert not {digest for _, digest in rank0["seen"]} & {digest for _, digest in rank1["seen"]}
+    assert len(rank0["seen"]) == len(rank1["seen"]) == 4
+
+
+def test_resume_after_a_real_kill_continues_at_the_saved_step_with_the_same_data_order(tmp_path):
+    reference, interrupted = tmp_path / "reference", tmp_path / "interrupted"
+    run_probe(reference, "--max_steps", "12")
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    process = subprocess.Popen([sys.executable, str(PROBE), str(interrupted), "--max_steps", "12", "--save_steps", "4"],
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)  # fmt: skip
+    checkpoint = interrupted / "checkpoints" / "checkpoint-4" / "trainer_state.json"
+    deadline = time.monotonic() + 300
+    while not checkpoint.is_file() and process.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    process.send_signal(signal.SIGKILL)
+    process.wait()
+    assert checkpoint.is_file() and not (interrupted / "rank0.json").exists()  # killed mid-run, after a save
+
+    run_probe(interrupted, "--max_steps", "12", "--save_steps", "4", "--resume")
+    resumed = json.loads((interrupted / "rank0-resumed.json").read_text())
+    full = json.loads((reference / "rank0.json").read_text())
+    first_step = resumed["seen"][0][0]
+    assert first_step >= 4 and resumed["global_step"] == 12
+    assert resumed["seen"] == [entry for entry in full["seen"] if entry[0] >= first_step]
+    assert resumed["checksum"] == pytest.approx(full["checksum"], rel=1e-5)

@@ -1,0 +1,95 @@
+"""A tiny real training run that records what each process saw; used by the DDP, resume and loss tests.
+
+    python tests/trainer_probe.py OUT --max_steps 6 [--update_freq 2] [--save_steps 2] [--resume]
+    torchrun --nproc_per_node 2 tests/trainer_probe.py OUT --max_steps 4
+
+Writes OUT/rank<r>.json: the fingerprint of every batch the process trained on (by global step), the
+logged losses, and a checksum of the final parameters.
+"""
+
+import argparse
+import hashlib
+import json
+import os
+import sys
+from pathlib import Path
+
+import torch
+from transformers import DataCollatorForSeq2Seq, Seq2SeqTrainingArguments
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "tests"))
+
+from conftest import DATA_DIR  # noqa: E402
+
+from hf_posenc import MarianPosEncConfig, MarianPosEncForConditionalGeneration  # noqa: E402
+from hf_posenc.data import read_split  # noqa: E402
+from hf_posenc.tokenization import train_joint_bpe  # noqa: E402
+from hf_posenc.training import TokenBudgetSeq2SeqTrainer, tokenize_parallel  # noqa: E402
+
+
+class RecordingTrainer(TokenBudgetSeq2SeqTrainer):
+    """Remembers a fingerprint of every micro-batch it trains on."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.seen = []
+
+    def training_step(self, model, inputs, num_items_in_batch=None):
+        digest = hashlib.sha1(inputs["input_ids"].cpu().numpy().tobytes()).hexdigest()[:12]
+        self.seen.append([self.state.global_step, digest])
+        return super().training_step(model, inputs, num_items_in_batch)
+
+
+def build_trainer(output_dir, max_steps, update_freq=1, label_smoothing=0.0, save_steps=0, learning_rate=1e-3,
+                  dropout=0.0, pairs=400):  # fmt: skip
+    text = read_split(DATA_DIR, "val", "en", "de", limit=pairs)
+    tokenizer = train_joint_bpe(text.source + text.target, vocab_size=500)
+    dataset = tokenize_parallel(tokenizer, text.source, text.target, max_length=128)
+    torch.manual_seed(0)
+    config = MarianPosEncConfig(
+        vocab_size=len(tokenizer), d_model=32, encoder_layers=1, decoder_layers=1, encoder_attention_heads=4,
+        decoder_attention_heads=4, encoder_ffn_dim=64, decoder_ffn_dim=64, max_position_embeddings=160,
+        dropout=dropout,
+    )  # fmt: skip
+    model = MarianPosEncForConditionalGeneration(config)
+    args = Seq2SeqTrainingArguments(
+        output_dir=str(output_dir), max_steps=max_steps, learning_rate=learning_rate, warmup_steps=0,
+        gradient_accumulation_steps=update_freq, label_smoothing_factor=label_smoothing, logging_steps=1,
+        save_strategy="steps" if save_steps else "no", save_steps=save_steps or 500, report_to=[], use_cpu=True,
+        seed=5, ddp_backend="gloo" if "WORLD_SIZE" in os.environ else None, disable_tqdm=True,
+    )  # fmt: skip
+    collator = DataCollatorForSeq2Seq(tokenizer, model=model, label_pad_token_id=-100)
+    return RecordingTrainer(
+        model=model, args=args, train_dataset=dataset, data_collator=collator, max_tokens=600
+    )
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("out")
+    parser.add_argument("--max_steps", type=int, default=4)
+    parser.add_argument("--update_freq", type=int, default=1)
+    parser.add_argument("--save_steps", type=int, default=0)
+    parser.add_argument("--resume", action="store_true")
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    trainer = build_trainer(
+        Path(args.out) / "checkpoints", args.max_steps, args.update_freq, save_steps=args.save_steps
+    )
+    trainer.train(resume_from_checkpoint=True if args.resume else None)
+    checksum = sum(float(p.detach().double().sum()) for p in trainer.model.parameters())
+    rank = int(os.environ.get("RANK", 0))
+    record = {
+        "seen": trainer.seen,
+        "losses": [entry["loss"] for entry in trainer.state.log_history if "loss" in entry],
+        "checksum": checksum,
+        "world_size": trainer.args.world_size,
+        "global_step": trainer.state.global_step,
+    }
+    name = f"rank{rank}-resumed.json" if args.resume else f"rank{rank}.json"
+    (Path(args.out) / name).write_text(json.dumps(record))
+
+
+if __name__ == "__main__":
+    main()
