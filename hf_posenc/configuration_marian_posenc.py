@@ -60,8 +60,8 @@ class MarianPosEncConfig(MarianConfig):
     # Hyperparameters of the positional families, one block per posenc_<family>.py, paper defaults.
 
     # recurrent (posenc_recurrent.py)
-    # RNN over x^r (Chen et al. 2019 Eq. 6): "rnn" (tanh), "gru" or "lstm".
-    rpe_cell: str = "gru"
+    # f_RNN over x^r (Chen et al. 2019 Eq. 6): "rnn" (tanh, the paper's; < 2% extra parameters), "gru", "lstm".
+    rpe_cell: str = "rnn"
     # d_r, the embedding features given to the RNN; None = the paper's best value for the layout (320 for
     # "rpe_head", 256 for "mpr_head" at d_model 512), scaled to d_model (see RecurrentPositionEncoding).
     rpe_dim: int | None = None

@@ -22,7 +22,7 @@ EXTRA_VARIANTS: list[tuple[str, dict]] = [
         "mixed-encoder-learned-decoder-none",
         {"encoder_position_encoding": "learned", "decoder_position_encoding": "none"},
     ),
-    ("rpe_head-rnn", {"position_encoding": "rpe_head", "rpe_cell": "rnn"}),
+    ("rpe_head-gru", {"position_encoding": "rpe_head", "rpe_cell": "gru"}),
     ("mpr_head-lstm", {"position_encoding": "mpr_head", "rpe_cell": "lstm"}),
     (
         "rpe_head-lstm-full",
@@ -34,11 +34,11 @@ EXTRA_VARIANTS: list[tuple[str, dict]] = [
         {"encoder_position_encoding": "mpr_head", "decoder_position_encoding": "sinusoidal"},
     ),
     (
-        "encoder-sinusoidal-decoder-rpe_head-rnn",
+        "encoder-sinusoidal-decoder-rpe_head-gru",
         {
             "encoder_position_encoding": "sinusoidal",
             "decoder_position_encoding": "rpe_head",
-            "rpe_cell": "rnn",
+            "rpe_cell": "gru",
         },
     ),
 ]
