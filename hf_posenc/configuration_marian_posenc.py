@@ -59,6 +59,15 @@ class MarianPosEncConfig(MarianConfig):
 
     # Hyperparameters of the positional families, one block per posenc_<family>.py, paper defaults.
 
+    # recurrent (posenc_recurrent.py)
+    # f_RNN over x^r (Chen et al. 2019 Eq. 6): "rnn" (tanh, the paper's; < 2% extra parameters), "gru", "lstm".
+    rpe_cell: str = "rnn"
+    # d_r, the embedding features given to the RNN; None = the paper's best value for the layout (320 for
+    # "rpe_head", 256 for "mpr_head" at d_model 512), scaled to d_model (see RecurrentPositionEncoding).
+    rpe_dim: int | None = None
+    # "per_head": the first self-attention layer's Q/K/V read only each head's own input slice; "full": Eq. 4.
+    rpe_head_projection: str = "per_head"
+
     def __post_init__(self, **kwargs):
         shorthand = kwargs.pop("position_encoding", None)
         if shorthand is not None:

@@ -1,8 +1,9 @@
 """Content multi-head attention (Vaswani et al. 2017), the `"attention"` token mixer.
 
 softmax(Q K^T / sqrt(d_h) + B) V, computed through transformers' attention interface (SDPA by default,
-eager when attention weights are requested). Position encodings hook in at four points, all no-ops by
-default: queries/keys are rotated (RoPE), values are transformed before caching (PosNet-Attn), a score
+eager when attention weights are requested). Position encodings hook in at five points, all no-ops by
+default: the query/key/value projection weights are masked (RPEHead/MPRHead per-head projections),
+queries/keys are rotated (RoPE), values are transformed before caching (PosNet-Attn), a score
 bias B is folded into the mask so SDPA stays on its fused path (T5, ALiBi, Adaptive-T5), or the encoding
 takes over the whole attention (Shaw's value term). Cross-attention receives no position encoding.
 
@@ -56,11 +57,18 @@ class ContentAttention(TokenMixer):
         self.q_proj = nn.Linear(self.embed_dim, self.embed_dim)
         self.out_proj = nn.Linear(self.embed_dim, self.embed_dim)
 
+    def project(self, projection: nn.Linear, states, encoding) -> torch.Tensor:
+        """`projection(states)`, with the encoding's weight mask for this layer when it sets one."""
+        weight_mask = encoding.projection_weight_mask(self.layer_idx) if encoding is not None else None
+        if weight_mask is None:
+            return projection(states)
+        return nn.functional.linear(states, projection.weight * weight_mask, projection.bias)
+
     def project_keys_values(self, states, context: PositionContext):
         """New keys and values (B, H, k_new, Dh), with the encoding's key rotation and value transform."""
         shape = (*states.shape[:-1], -1, self.head_dim)
-        key = self.k_proj(states).view(shape).transpose(1, 2)
-        value = self.v_proj(states).view(shape).transpose(1, 2)
+        key = self.project(self.k_proj, states, context.encoding).view(shape).transpose(1, 2)
+        value = self.project(self.v_proj, states, context.encoding).view(shape).transpose(1, 2)
         if context.encoding is not None:
             new_positions = context.key_positions[:, -states.shape[1] :]
             value = context.encoding.transform_values(self.layer_idx, value, new_positions)
@@ -76,8 +84,9 @@ class ContentAttention(TokenMixer):
         output_attentions: bool = False,
     ):
         query_shape = (*hidden_states.shape[:-1], -1, self.head_dim)
-        query = self.q_proj(hidden_states).view(query_shape).transpose(1, 2)  # (B, H, q, Dh)
         encoding = context.encoding if context is not None else None
+        query = self.project(self.q_proj, hidden_states, encoding)
+        query = query.view(query_shape).transpose(1, 2)  # (B, H, q, Dh)
 
         cache = cache_for_site(past_key_values, self.is_cross_attention)
         if self.is_cross_attention and cache is not None and past_key_values.is_updated.get(self.layer_idx):

@@ -4,7 +4,8 @@ A model makes two orthogonal choices (see docs/architecture.md):
 
 * a :class:`PositionEncoding` per stack (encoder, decoder) says how positions enter: it may change the
   embeddings (`embed`) and it may hook into the content attention of each self-attention layer
-  (`rotate_queries_keys`, `transform_values`, `score_bias`, or a whole `attend` of its own);
+  (`projection_weight_mask`, `rotate_queries_keys`, `transform_values`, `score_bias`, or a whole `attend`
+  of its own);
 * a :class:`TokenMixer` per attention site (encoder self-attention, decoder self-attention, cross-attention)
   says how tokens are mixed; content attention is one mixer among several.
 
@@ -92,6 +93,11 @@ class PositionEncoding(nn.Module):
         during incremental decoding (encodings with a recurrent state keep it there), else None.
         """
         return inputs_embeds
+
+    def projection_weight_mask(self, layer_idx: int) -> torch.Tensor | None:
+        """0/1 mask (D, D) multiplied into the query/key/value projection weights of self-attention layer
+        `layer_idx` (e.g. per-head projections that read only each head's own input slice), or None."""
+        return None
 
     def rotate_queries_keys(self, layer_idx: int, query, key, context: PositionContext):
         """(B, H, q, Dh), (B, H, k_new, Dh) -> same; keys are the new ones only (rotated before caching)."""

@@ -7,11 +7,14 @@ The conformance suite (tests/test_conformance.py) runs over every name listed he
 
 from .posenc_absolute import LearnedPositionEncoding, NoPositionEncoding, SinusoidalPositionEncoding
 from .posenc_attention import ContentAttention
+from .posenc_recurrent import MPRHeadPositionEncoding, RPEHeadPositionEncoding
 
 POSITION_ENCODINGS = {
     "none": NoPositionEncoding,
     "sinusoidal": SinusoidalPositionEncoding,
     "learned": LearnedPositionEncoding,
+    "rpe_head": RPEHeadPositionEncoding,
+    "mpr_head": MPRHeadPositionEncoding,
 }
 
 TOKEN_MIXERS = {

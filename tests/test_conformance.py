@@ -22,6 +22,25 @@ EXTRA_VARIANTS: list[tuple[str, dict]] = [
         "mixed-encoder-learned-decoder-none",
         {"encoder_position_encoding": "learned", "decoder_position_encoding": "none"},
     ),
+    ("rpe_head-gru", {"position_encoding": "rpe_head", "rpe_cell": "gru"}),
+    ("mpr_head-lstm", {"position_encoding": "mpr_head", "rpe_cell": "lstm"}),
+    (
+        "rpe_head-lstm-full",
+        {"position_encoding": "rpe_head", "rpe_cell": "lstm", "rpe_head_projection": "full"},
+    ),
+    ("mpr_head-full", {"position_encoding": "mpr_head", "rpe_head_projection": "full"}),
+    (
+        "encoder-mpr_head-decoder-sinusoidal",
+        {"encoder_position_encoding": "mpr_head", "decoder_position_encoding": "sinusoidal"},
+    ),
+    (
+        "encoder-sinusoidal-decoder-rpe_head-gru",
+        {
+            "encoder_position_encoding": "sinusoidal",
+            "decoder_position_encoding": "rpe_head",
+            "rpe_cell": "gru",
+        },
+    ),
 ]
 
 
