@@ -189,6 +189,7 @@ REMOTE_CODE_CHECK = textwrap.dedent(
     sys.modules["hf_posenc"] = None  # the package must not be importable: the folder's own code is used
     import torch
     from transformers import AutoModelForSeq2SeqLM
+    torch.set_num_threads(int(sys.argv[2]))  # same kernels as the parent: RNN results depend on the thread count
     results = {}
     for folder in json.loads(sys.argv[1]):
         model = AutoModelForSeq2SeqLM.from_pretrained(folder, trust_remote_code=True).eval()
@@ -228,7 +229,7 @@ def remote_code_results(tmp_path_factory):
         )
     folders = json.dumps([folder for folder, _ in expected.values()])
     completed = subprocess.run(
-        [sys.executable, "-c", REMOTE_CODE_CHECK, folders],
+        [sys.executable, "-c", REMOTE_CODE_CHECK, folders, str(torch.get_num_threads())],
         capture_output=True,
         text=True,
         cwd=root,
