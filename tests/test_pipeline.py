@@ -215,8 +215,9 @@ def run_probe(out, *args, world_size=1, timeout=600):
     assert completed.returncode == 0, completed.stderr[-3000:]
 
 
-def test_two_process_ddp_ranks_end_identical_and_see_different_batches(tmp_path):
-    run_probe(tmp_path, "--max_steps", "4", world_size=2)
+@pytest.mark.parametrize("launcher", ["torchrun", "accelerate"])
+def test_two_process_ddp_ranks_end_identical_and_see_different_batches(tmp_path, launcher):
+    run_probe(tmp_path, "--max_steps", "4", launcher=launcher)
     rank0, rank1 = (json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1))
     assert rank0["world_size"] == rank1["world_size"] == 2
     assert rank0["checksum"] == rank1["checksum"]  # gradients were all-reduced
