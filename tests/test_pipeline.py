@@ -196,19 +196,17 @@ def test_evaluate_translation_script_decodes_scores_and_compares(multi30k_dir, t
     assert "nrefs:1|case:mixed|eff:no|tok:13a" in decoded["scores"]["bleu_signature"]
 
 
-def run_probe(out, *args, world_size=1, timeout=600):
+LAUNCHERS = {
+    "single": [sys.executable],
+    "torchrun": [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2"],
+    "accelerate": [sys.executable, "-m", "accelerate.commands.launch", "--config_file",
+                   str(REPO / "train_scripts" / "accelerate" / "cpu_ddp_2proc.yaml"), "--num_cpu_threads_per_process", "1"],
+}  # fmt: skip
+
+
+def run_probe(out, *args, launcher="single", timeout=600):
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    if world_size > 1:
-        command = [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--nproc_per_node",
-            str(world_size),
-            str(PROBE),
-        ]
-    else:
-        command = [sys.executable, str(PROBE)]
+    command = [*LAUNCHERS[launcher], str(PROBE)]
     completed = subprocess.run(
         [*command, str(out), *args], capture_output=True, text=True, timeout=timeout, env=env
     )
