@@ -7,11 +7,14 @@ The conformance suite (tests/test_conformance.py) runs over every name listed he
 
 from .posenc_absolute import LearnedPositionEncoding, NoPositionEncoding, SinusoidalPositionEncoding
 from .posenc_attention import ContentAttention
+from .posenc_posnet import PosNetAttention, PosNetEmbedding
 
 POSITION_ENCODINGS = {
     "none": NoPositionEncoding,
     "sinusoidal": SinusoidalPositionEncoding,
     "learned": LearnedPositionEncoding,
+    "posnet_embed": PosNetEmbedding,
+    "posnet_attn": PosNetAttention,
 }
 
 TOKEN_MIXERS = {
