@@ -27,7 +27,9 @@ def list_checkpoints(checkpoints_dir) -> list[Path]:
 def validation_perplexities(checkpoint: Path) -> dict[int, float]:
     """step -> validation perplexity, from the Trainer state saved with a checkpoint."""
     state = json.loads((checkpoint / "trainer_state.json").read_text())
-    return {entry["step"]: math.exp(entry["eval_loss"]) for entry in state["log_history"] if "eval_loss" in entry}
+    return {
+        entry["step"]: math.exp(entry["eval_loss"]) for entry in state["log_history"] if "eval_loss" in entry
+    }
 
 
 def select_checkpoints(checkpoints_dir, last: int | None = None, best: int | None = None) -> list[Path]:
@@ -64,4 +66,7 @@ def average_state_dicts(checkpoints: list[Path]) -> dict[str, torch.Tensor]:
                 tensor = weights.get_tensor(key)
                 value = tensor.float() if tensor.is_floating_point() else tensor
                 total[key] = total[key] + value if key in total and tensor.is_floating_point() else value
-    return {key: (value / len(checkpoints) if value.is_floating_point() else value) for key, value in total.items()}
+    return {
+        key: (value / len(checkpoints) if value.is_floating_point() else value)
+        for key, value in total.items()
+    }

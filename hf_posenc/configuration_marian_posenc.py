@@ -58,6 +58,12 @@ class MarianPosEncConfig(MarianConfig):
     cross_attention: str = "attention"
 
     # Hyperparameters of the positional families, one block per posenc_<family>.py, paper defaults.
+    # posnet (posenc_posnet.py)
+    posnet_dim: int = 128  # d_p of PosNet-Embed (paper 1: 128 base, 256 big)
+    posnet_activation: str = "relu"  # σ of Eq. 23/24, a name from transformers' ACT2FN
+    posnet_dropout: float = 0.0  # on PosNet's output before the residual (reference default 0)
+    posnet_shared: bool = True  # encoder and decoder share one PosNet-Embed module (reference)
+    posnet_attn_per_head: bool = False  # PosNet-Attn: a kernel per head instead of one per layer
 
     # recurrent (posenc_recurrent.py)
     # f_RNN over x^r (Chen et al. 2019 Eq. 6): "rnn" (tanh, the paper's; < 2% extra parameters), "gru", "lstm".

@@ -346,6 +346,7 @@ class MarianPosEncModel(MarianPosEncPreTrainedModel):
         self.shared = nn.Embedding(config.vocab_size, config.d_model, config.pad_token_id)
         self.encoder = MarianPosEncEncoder(config, self.shared)
         self.decoder = MarianPosEncDecoder(config, self.shared)
+        self.decoder.position_encoding.tie_to_encoder(self.encoder.position_encoding)
         self.post_init()
 
     def get_input_embeddings(self):

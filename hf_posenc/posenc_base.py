@@ -84,6 +84,13 @@ class PositionEncoding(nn.Module):
     def check_config(cls, config, stack: str) -> None:
         """Raise ValueError for hyperparameters this encoding cannot use (called when the config is built)."""
 
+    def tie_to_encoder(self, encoder_encoding: "PositionEncoding") -> None:
+        """Called on the decoder's encoding once both stacks exist, with the encoder's encoding.
+
+        Encodings that share modules across the two stacks (PosNet-Embed by default) take them here; the
+        default shares nothing.
+        """
+
     def embed(
         self, inputs_embeds: torch.Tensor, position_ids: torch.Tensor, padding_mask, cache
     ) -> torch.Tensor:

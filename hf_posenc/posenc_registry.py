@@ -7,6 +7,7 @@ The conformance suite (tests/test_conformance.py) runs over every name listed he
 
 from .posenc_absolute import LearnedPositionEncoding, NoPositionEncoding, SinusoidalPositionEncoding
 from .posenc_attention import ContentAttention
+from .posenc_posnet import PosNetAttention, PosNetEmbedding
 from .posenc_recurrent import MPRHeadPositionEncoding, RPEHeadPositionEncoding
 
 POSITION_ENCODINGS = {
@@ -15,6 +16,8 @@ POSITION_ENCODINGS = {
     "learned": LearnedPositionEncoding,
     "rpe_head": RPEHeadPositionEncoding,
     "mpr_head": MPRHeadPositionEncoding,
+    "posnet_embed": PosNetEmbedding,
+    "posnet_attn": PosNetAttention,
 }
 
 TOKEN_MIXERS = {

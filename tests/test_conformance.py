@@ -41,6 +41,15 @@ EXTRA_VARIANTS: list[tuple[str, dict]] = [
             "rpe_cell": "gru",
         },
     ),
+    ("posnet_embed-separate-stacks", {"position_encoding": "posnet_embed", "posnet_shared": False}),
+    (
+        "encoder-sinusoidal-decoder-posnet_embed",
+        {"encoder_position_encoding": "sinusoidal", "decoder_position_encoding": "posnet_embed"},
+    ),
+    (
+        "posnet_attn-per-head-dropout",
+        {"position_encoding": "posnet_attn", "posnet_attn_per_head": True, "posnet_dropout": 0.1},
+    ),
 ]
 
 

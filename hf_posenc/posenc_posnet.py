@@ -1,0 +1,188 @@
+"""Positional kernels of paper 1 (Zhang et al., ACL 2023, Sections 3.2–3.3): PosNet-Embed and PosNet-Attn.
+
+Weight concatenation (Eq. 10–11) keeps word order by concatenating the weighted values a_ij v_j in sequence
+order and projecting the L·d vector back with Φ ∈ R^{Ld×d}. Splitting Φ into L blocks φ_j ∈ R^{d×d} gives the
+cheap equivalent form o_i = Σ_j a_ij (v_j φ_j) = a_i (V ⊗ Φ) (Eq. 14–17): every position j owns a
+"positional kernel" φ_j that multiplies the vector at that position.
+
+* `"posnet_embed"` (Eq. 24) applies kernels to the scaled token embeddings through a low-rank bottleneck,
+  PosNet(X; Φ) = Dropout(σ((X W1) ⊗ Φ) W2) + X, with W1 ∈ R^{d×d_p}, W2 ∈ R^{d_p×d}, Φ ∈ R^{L_max×d_p×d_p}.
+  By default one module serves both stacks, as in the reference code.
+* `"posnet_attn"` (Eq. 20/23) transforms the values of every self-attention layer,
+  Attn(Q, K, V) = softmax(QKᵀ/√d_k) (Dropout(σ(V ⊗ Φ)) + V), with one kernel φ_j ∈ R^{d_k×d_k} per key
+  position and layer (optionally per head). The transform runs in `transform_values`, before caching, so a
+  decoding step costs one d_k×d_k product per head.
+
+Deviations from the reference code (github vesterchang/interpret_positional_encoding) and why:
+
+* The decoder always gets its kernels. The released recipe passed `--no-token-positional-embeddings`, which
+  also dropped the decoder's PosNet, leaving the decoder without any position information.
+* Kernels are indexed by the position counted from the start of each sequence (the model's position_ids).
+  The reference left-padded sources and indexed by column, so a token's kernel depended on the batch padding.
+* The reference applies PosNet to the embeddings *after* the embedding dropout; here `embed` runs before the
+  stack's dropout (the model's one place for it), so the dropout acts on PosNet's output instead.
+* `max_position_embeddings` sets L_max (the reference hard-codes 512), and a longer input raises a ValueError.
+"""
+
+import math
+
+import torch
+from torch import nn
+from transformers import initialization as init
+from transformers.activations import ACT2FN
+
+from .posenc_base import DECODER, ENCODER, PositionEncoding, check_max_positions
+
+
+def position_kernel_product(
+    inputs: torch.Tensor, kernels: torch.Tensor, positions: torch.Tensor
+) -> torch.Tensor:
+    """x_t φ_{p_t} for every token t (Eq. 16): inputs (B, L, G, d), kernels (L_max, K, d, d), positions (B|1, L).
+
+    K is 1 (one kernel for all G groups, e.g. heads) or G (a kernel per group). The product runs as one batched
+    matmul over positions with the batch folded into the rows, so the gathered kernels take L·K·d² memory and
+    not B·L·K·d². Rows whose positions differ from the batch's shared ones (padding, which gets clamped
+    positions) are recomputed token by token, which keeps every token exact.
+    """
+    batch, length, groups, dim = inputs.shape
+    shared_positions = positions.amax(0)  # (L,): the positions of the longest rows
+    rows = inputs.permute(1, 2, 0, 3).reshape(length, kernels.shape[1], -1, dim)  # (L, K, G·B/K, d)
+    output = torch.matmul(rows, kernels[shared_positions])  # (L, K, G·B/K, d)
+    output = output.reshape(length, groups, batch, dim).permute(2, 0, 1, 3)  # (B, L, G, d)
+    if positions.shape[0] > 1:
+        differs = positions != shared_positions  # (B, L)
+        if differs.any():
+            row, column = differs.nonzero(as_tuple=True)
+            tokens = inputs[row, column].reshape(row.shape[0], kernels.shape[1], -1, dim)  # (N, K, G/K, d)
+            fixed = torch.matmul(tokens, kernels[positions[row, column]])  # (N, K, G/K, d)
+            output = output.index_put((row, column), fixed.reshape(-1, groups, dim).to(output.dtype))
+    return output
+
+
+def kernel_std(num_positions: int, dim: int) -> float:
+    """Xavier-normal std of a kernel stack Φ ∈ R^{L×d×d} as torch computes it (fan_in d·d, fan_out L·d)."""
+    return math.sqrt(2.0 / (dim * dim + num_positions * dim))
+
+
+def check_posnet_config(config, stack: str) -> None:
+    """Validation shared by both PosNet encodings."""
+    if config.posnet_activation not in ACT2FN:
+        raise ValueError(
+            f"posnet_activation={config.posnet_activation!r} is not known; allowed values: "
+            f"{', '.join(sorted(ACT2FN))}."
+        )
+    if not 0.0 <= config.posnet_dropout < 1.0:
+        raise ValueError(f"posnet_dropout={config.posnet_dropout} must be in [0, 1).")
+
+
+class PositionalKernelNetwork(nn.Module):
+    """The embedding-level PosNet of Eq. 24: X -> Dropout(σ((X W1) ⊗ Φ) W2) + X.
+
+    W1 (d×d_p) and W2 (d_p×d) have no bias, as in the reference; Φ is (L_max, 1, d_p, d_p) so that it feeds
+    `position_kernel_product` directly.
+    """
+
+    def __init__(self, config):
+        super().__init__()
+        self.config = config
+        self.max_positions = config.max_position_embeddings
+        self.activation = ACT2FN[config.posnet_activation]
+        self.dropout = config.posnet_dropout
+        self.down = nn.Parameter(torch.empty(config.d_model, config.posnet_dim))  # W1
+        self.up = nn.Parameter(torch.empty(config.posnet_dim, config.d_model))  # W2
+        self.kernels = nn.Parameter(torch.empty(self.max_positions, 1, config.posnet_dim, config.posnet_dim))
+        self.reset_parameters()
+
+    def reset_parameters(self):
+        init.xavier_normal_(self.down)
+        init.xavier_normal_(self.up)
+        init.normal_(self.kernels, std=kernel_std(self.max_positions, self.config.posnet_dim))
+
+    def forward(self, inputs: torch.Tensor, position_ids: torch.Tensor) -> torch.Tensor:
+        check_max_positions(position_ids, self.max_positions, "posnet_embed")
+        projected = (inputs @ self.down).unsqueeze(2)  # (B, L, 1, d_p)
+        kernelled = position_kernel_product(projected, self.kernels, position_ids).squeeze(2)  # (B, L, d_p)
+        update = self.activation(kernelled) @ self.up  # (B, L, D)
+        return inputs + nn.functional.dropout(update, p=self.dropout, training=self.training)
+
+
+class PosNetEmbedding(PositionEncoding):
+    """PosNet-Embed (paper 1 Eq. 24) on the scaled token embeddings; replaces the sinusoid table.
+
+    With `posnet_shared` (the default, as in the reference) and PosNet-Embed in both stacks, the decoder uses
+    the encoder's network: the model calls `tie_to_encoder`, and the decoder keeps a plain reference to it,
+    so the parameters exist once in the state dict and load, save and remote-code load need no tying step.
+    """
+
+    def __init__(self, config, stack):
+        super().__init__(config, stack)
+        self.max_positions = config.max_position_embeddings
+        self.uses_encoder_network = (
+            stack == DECODER and config.posnet_shared and config.encoder_position_encoding == "posnet_embed"
+        )
+        self.network = None if self.uses_encoder_network else PositionalKernelNetwork(config)
+
+    @classmethod
+    def check_config(cls, config, stack):
+        check_posnet_config(config, stack)
+        if config.posnet_dim <= 0:
+            raise ValueError(f"posnet_dim={config.posnet_dim} must be positive.")
+
+    def reset_parameters(self):
+        if not self.uses_encoder_network:  # the encoder initialises a shared network
+            self.network.reset_parameters()
+
+    def tie_to_encoder(self, encoder_encoding: PositionEncoding) -> None:
+        if self.uses_encoder_network:
+            # A plain attribute, not a submodule: the encoder owns (saves, loads, initialises) the network.
+            self.__dict__["network"] = encoder_encoding.network
+
+    def embed(self, inputs_embeds, position_ids, padding_mask, cache):
+        if self.network is None:
+            raise RuntimeError(
+                "This decoder shares the encoder's PosNet (posnet_shared=True) but was built without an "
+                "encoder; build the whole model, or set posnet_shared=False."
+            )
+        return self.network(inputs_embeds, position_ids)  # (B, L, D)
+
+
+class PosNetAttention(PositionEncoding):
+    """PosNet-Attn (paper 1 Eq. 20/23): self-attention values v_j -> Dropout(σ(v_j φ_j)) + v_j.
+
+    One kernel stack per self-attention layer, `kernels[layer]` ∈ R^{L_max × K × d_k × d_k} with K = 1 (shared by
+    the heads, the paper's single-head notation) or K = heads (`posnet_attn_per_head`). Cross-attention gets
+    no kernels (the model passes it no position encoding). The check against L_max runs once per forward, in
+    `embed`, which otherwise leaves the embeddings unchanged.
+    """
+
+    def __init__(self, config, stack):
+        super().__init__(config, stack)
+        self.max_positions = config.max_position_embeddings
+        self.activation = ACT2FN[config.posnet_activation]
+        self.dropout = config.posnet_dropout
+        layers = config.encoder_layers if stack == ENCODER else config.decoder_layers
+        heads = config.encoder_attention_heads if stack == ENCODER else config.decoder_attention_heads
+        self.head_dim = config.d_model // heads
+        kernel_groups = heads if config.posnet_attn_per_head else 1
+        self.kernels = nn.Parameter(
+            torch.empty(layers, self.max_positions, kernel_groups, self.head_dim, self.head_dim)
+        )
+        self.reset_parameters()
+
+    @classmethod
+    def check_config(cls, config, stack):
+        check_posnet_config(config, stack)
+
+    def reset_parameters(self):
+        # Each layer's (L_max, d_k, d_k) stack is initialised like the reference's Xavier-normal kernels.
+        init.normal_(self.kernels, std=kernel_std(self.max_positions, self.head_dim))
+
+    def embed(self, inputs_embeds, position_ids, padding_mask, cache):
+        check_max_positions(position_ids, self.max_positions, "posnet_attn")
+        return inputs_embeds
+
+    def transform_values(self, layer_idx, value, value_positions):
+        per_position = value.transpose(1, 2)  # (B, k_new, H, d_k)
+        kernelled = position_kernel_product(per_position, self.kernels[layer_idx], value_positions)
+        update = nn.functional.dropout(self.activation(kernelled), p=self.dropout, training=self.training)
+        return value + update.transpose(1, 2)  # (B, H, k_new, d_k)

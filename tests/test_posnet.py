@@ -1,0 +1,185 @@
+"""PosNet-Embed and PosNet-Attn (paper 1): the equations against slow direct implementations, the weight
+concatenation identity (Eq. 10–11 = Eq. 14–17), the two fixed reference traps, and encoder/decoder sharing."""
+
+import pytest
+import torch
+from conftest import PAD, source_batch, target_batch, tiny_config, tiny_model
+
+from hf_posenc import MarianPosEncForConditionalGeneration
+from hf_posenc.posenc_base import positions_from_padding_mask
+from hf_posenc.posenc_posnet import position_kernel_product
+
+
+def test_weight_concatenation_equals_positional_kernels():
+    """The paper's central identity: concatenating a_ij v_j in word order and projecting with Φ ∈ R^{Ld×d}
+    (Eq. 10–11) equals Σ_j a_ij (v_j φ_j) = a_i (V ⊗ Φ) (Eq. 14–15, 17), and our kernel product computes V ⊗ Φ."""
+    generator = torch.Generator().manual_seed(0)
+    length, dim = 7, 5
+    query, key, value = torch.randn(3, length, dim, generator=generator, dtype=torch.float64)
+    projection = torch.randn(length * dim, dim, generator=generator, dtype=torch.float64)  # Φ of Eq. 11
+    scores = torch.softmax(query @ key.T / dim**0.5, dim=-1)  # (L, L): a_i in row i
+
+    concatenated = torch.stack(
+        [torch.cat([scores[i, j] * value[j] for j in range(length)]) for i in range(length)]
+    )  # (L, L·d): a_i ⊕ V of Eq. 10
+    literal = concatenated @ projection  # Eq. 11
+
+    kernels = projection.view(length, dim, dim)  # φ_j: the j-th (d × d) block of Φ
+    summed = torch.stack(
+        [sum(scores[i, j] * (value[j] @ kernels[j]) for j in range(length)) for i in range(length)]
+    )
+    transformed = position_kernel_product(value[None, :, None], kernels[:, None], torch.arange(length)[None])
+    torch.testing.assert_close(summed, literal)  # Eq. 14-15
+    torch.testing.assert_close(scores @ transformed[0, :, 0], literal)  # Eq. 17
+
+
+def test_weight_concatenation_is_not_permutation_invariant():
+    """Eq. 12–13: unlike the weighted sum (Eq. 9), permuting keys and values changes a_i (V ⊗ Φ)."""
+    generator = torch.Generator().manual_seed(1)
+    length, dim = 6, 4
+    scores = torch.softmax(torch.randn(length, generator=generator), dim=0)
+    value = torch.randn(length, dim, generator=generator)
+    kernels = torch.randn(length, 1, dim, dim, generator=generator)
+    permutation = torch.tensor([2, 0, 1, 5, 3, 4])
+    positions = torch.arange(length)[None]
+
+    def kernel_attention(scores, value):
+        return scores @ position_kernel_product(value[None, :, None], kernels, positions)[0, :, 0]
+
+    torch.testing.assert_close(scores[permutation] @ value[permutation], scores @ value)  # Eq. 9
+    assert not torch.allclose(
+        kernel_attention(scores[permutation], value[permutation]), kernel_attention(scores, value)
+    )
+
+
+def direct_posnet_embed(network, inputs, positions):
+    """Eq. 24 token by token: x_t + σ((x_t W1) φ_{p_t}) W2 (dropout off)."""
+    output = torch.empty_like(inputs)
+    for row in range(inputs.shape[0]):
+        for column in range(inputs.shape[1]):
+            token = inputs[row, column]
+            kernel = network.kernels[positions[row, column], 0]
+            output[row, column] = token + torch.relu(token @ network.down @ kernel) @ network.up
+    return output
+
+
+@pytest.mark.parametrize("padding", ["right", "left"])
+def test_posnet_embed_matches_equation_24_with_positions_from_each_sequence_start(padding):
+    """PosNet-Embed equals a direct implementation of Eq. 24 with kernels indexed by the position counted from
+    the start of each sequence, for right- and left-padded batches (the batched fast path plus its fix-up)."""
+    network = tiny_model(position_encoding="posnet_embed").model.encoder.position_encoding.network
+    _, mask = source_batch()
+    if padding == "left":
+        mask = mask.flip(-1)
+    inputs = torch.randn(*mask.shape, network.down.shape[0])
+    positions = positions_from_padding_mask(mask, mask.shape[1], "cpu")
+    with torch.no_grad():
+        torch.testing.assert_close(
+            network(inputs, positions), direct_posnet_embed(network, inputs, positions)
+        )
+
+
+@pytest.mark.parametrize("per_head", [False, True])
+def test_posnet_attn_value_transform_matches_equation_23(per_head):
+    """transform_values computes σ(v_j φ_j) + v_j per head with the layer's kernel at each value position."""
+    model = tiny_model(position_encoding="posnet_attn", posnet_attn_per_head=per_head)
+    encoding = model.model.decoder.position_encoding
+    value = torch.randn(2, 4, 5, 8)  # (B, H, k_new, d_k)
+    positions = torch.tensor([[3, 4, 5, 6, 7], [0, 1, 2, 2, 2]])
+    with torch.no_grad():
+        actual = encoding.transform_values(1, value, positions)
+    kernels = encoding.kernels[1]
+    expected = torch.empty_like(value)
+    for b in range(2):
+        for h in range(4):
+            for j in range(5):
+                kernel = kernels[positions[b, j], h if per_head else 0]
+                expected[b, h, j] = torch.relu(value[b, h, j] @ kernel) + value[b, h, j]
+    torch.testing.assert_close(actual, expected)
+
+
+def test_posnet_attn_caches_transformed_values():
+    """In incremental decoding the self-attention cache holds σ(v_j φ_j) + v_j, so a step transforms one value."""
+    model = tiny_model(position_encoding="posnet_attn")
+    decoder = model.model.decoder
+    src, mask = source_batch()
+    tgt = target_batch()[:, :3]
+    with torch.no_grad():
+        out = model(input_ids=src, attention_mask=mask, decoder_input_ids=tgt, use_cache=True)
+        attention = decoder.layers[0].self_attn
+        hidden = decoder.embed_tokens(tgt) * decoder.embed_scale  # PosNet-Attn leaves the embeddings alone
+        raw = attention.v_proj(hidden).view(3, 3, attention.num_heads, -1).transpose(1, 2)  # (B, H, 3, d_k)
+        expected = decoder.position_encoding.transform_values(0, raw, torch.arange(3)[None])
+    cached = out.past_key_values.self_attention_cache.layers[0].values
+    torch.testing.assert_close(cached, expected)
+    assert not torch.allclose(cached, raw)
+
+
+def test_decoder_gets_positional_kernels():
+    """Reference trap (a) fixed: the decoder uses PosNet too. Changing the kernel of target position 2 changes the
+    decoder's logits from position 2 on (encoder output held fixed) and leaves earlier positions alone."""
+    model = tiny_model(position_encoding="posnet_embed")
+    src, mask = source_batch()
+    tgt = target_batch()
+    with torch.no_grad():
+        encoder_outputs = model.get_encoder()(input_ids=src, attention_mask=mask)
+        before = model(encoder_outputs=encoder_outputs, attention_mask=mask, decoder_input_ids=tgt).logits
+        model.model.decoder.position_encoding.network.kernels[2].mul_(5.0)
+        after = model(encoder_outputs=encoder_outputs, attention_mask=mask, decoder_input_ids=tgt).logits
+    torch.testing.assert_close(after[:, :2], before[:, :2])
+    assert (after[:, 2:] - before[:, 2:]).abs().amax() > 1e-3
+
+
+def test_left_padding_does_not_change_a_sources_encoding():
+    """Reference trap (b) fixed: kernels follow the position from the start of each sequence, so a left-padded
+    source (the reference's layout) is encoded exactly like the same source alone."""
+    model = tiny_model(position_encoding="posnet_embed")
+    src, mask = source_batch()
+    length = int(mask[2].sum())
+    left_padded = torch.cat([torch.full((1, src.shape[1] - length), PAD), src[2:3, :length]], dim=1)
+    left_mask = (left_padded != PAD).long()
+    with torch.no_grad():
+        alone = model.get_encoder()(input_ids=src[2:3, :length]).last_hidden_state
+        padded = model.get_encoder()(input_ids=left_padded, attention_mask=left_mask).last_hidden_state
+    torch.testing.assert_close(padded[:, -length:], alone, atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("shared", [True, False])
+def test_encoder_and_decoder_share_one_posnet_by_default_and_after_loading(shared, tmp_path):
+    """posnet_shared=True: one network (saved once) serves both stacks, also after save/load; False: two."""
+    model = tiny_model(position_encoding="posnet_embed", posnet_shared=shared)
+    encoder_network = model.model.encoder.position_encoding.network
+    assert (model.model.decoder.position_encoding.network is encoder_network) == shared
+    kernel_keys = [key for key in model.state_dict() if key.endswith("network.kernels")]
+    assert len(kernel_keys) == (1 if shared else 2)
+    model.save_pretrained(tmp_path)
+    loaded = MarianPosEncForConditionalGeneration.from_pretrained(tmp_path)
+    loaded_network = loaded.model.encoder.position_encoding.network
+    assert (loaded.model.decoder.position_encoding.network is loaded_network) == shared
+    torch.testing.assert_close(loaded_network.kernels, encoder_network.kernels, atol=0, rtol=0)
+
+
+def test_shared_posnet_counts_its_parameters_once():
+    """Sharing halves PosNet's parameters: the shared model has exactly one network fewer."""
+    count = {
+        shared: sum(
+            p.numel() for p in tiny_model(position_encoding="posnet_embed", posnet_shared=shared).parameters()
+        )
+        for shared in (True, False)
+    }
+    network = tiny_model(position_encoding="posnet_embed").model.encoder.position_encoding.network
+    assert count[False] - count[True] == sum(p.numel() for p in network.parameters())
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        ({"posnet_activation": "swishy"}, "posnet_activation='swishy'.*relu"),
+        ({"posnet_dim": 0}, "posnet_dim=0"),
+        ({"posnet_dropout": 1.0}, "posnet_dropout=1.0"),
+    ],
+)
+def test_bad_posnet_hyperparameters_fail_at_config_time(overrides, message):
+    """Impossible PosNet settings raise a ValueError naming the value when the config is built."""
+    with pytest.raises(ValueError, match=message):
+        tiny_config(position_encoding="posnet_embed", **overrides)
