@@ -31,6 +31,25 @@ def eager_attention(module, query, key, value, attention_mask, scaling, dropout=
     return output, weights
 
 
+class GeluGating(nn.Module):
+    """Gating of paper 2 (Eq. 4): c_n = [Σ_m α_nm · LayerNorm(GELU(v_m))] ⊙ GELU(W^G y_n).
+
+    Shared by the gated position mixers (aPosNet, rPosNet, gLinearNet) and, with `config.attention_gating`,
+    by content attention (paper 2 Table 6 ablation). The value side is applied before caching.
+    """
+
+    def __init__(self, embed_dim: int):
+        super().__init__()
+        self.gate_proj = nn.Linear(embed_dim, embed_dim)
+        self.value_norm = nn.LayerNorm(embed_dim)
+
+    def normalize_values(self, value: torch.Tensor) -> torch.Tensor:
+        return self.value_norm(nn.functional.gelu(value))  # (B, k, D)
+
+    def gate(self, context: torch.Tensor, queries: torch.Tensor) -> torch.Tensor:
+        return context * nn.functional.gelu(self.gate_proj(queries))  # (B, q, D)
+
+
 def cache_for_site(past_key_values, is_cross_attention: bool):
     """The self- or cross-attention half of the model's cache (None when not caching)."""
     if past_key_values is None:
@@ -55,12 +74,16 @@ class ContentAttention(TokenMixer):
         self.v_proj = nn.Linear(self.embed_dim, self.embed_dim)
         self.q_proj = nn.Linear(self.embed_dim, self.embed_dim)
         self.out_proj = nn.Linear(self.embed_dim, self.embed_dim)
+        self.gating = GeluGating(self.embed_dim) if config.attention_gating else None
 
     def project_keys_values(self, states, context: PositionContext):
         """New keys and values (B, H, k_new, Dh), with the encoding's key rotation and value transform."""
         shape = (*states.shape[:-1], -1, self.head_dim)
         key = self.k_proj(states).view(shape).transpose(1, 2)
-        value = self.v_proj(states).view(shape).transpose(1, 2)
+        value = self.v_proj(states)
+        if self.gating is not None:
+            value = self.gating.normalize_values(value)
+        value = value.view(shape).transpose(1, 2)
         if context.encoding is not None:
             new_positions = context.key_positions[:, -states.shape[1] :]
             value = context.encoding.transform_values(self.layer_idx, value, new_positions)
@@ -110,5 +133,8 @@ class ContentAttention(TokenMixer):
                 self, query, key, value, attention_mask, scaling=self.scaling, dropout=dropout
             )
 
-        output = self.out_proj(output.reshape(*hidden_states.shape[:-1], -1).contiguous())  # (B, q, D)
+        output = output.reshape(*hidden_states.shape[:-1], -1).contiguous()  # (B, q, D)
+        if self.gating is not None:
+            output = self.gating.gate(output, hidden_states)
+        output = self.out_proj(output)
         return output, (weights if output_attentions else None)

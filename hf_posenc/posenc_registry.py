@@ -7,6 +7,8 @@ The conformance suite (tests/test_conformance.py) runs over every name listed he
 
 from .posenc_absolute import LearnedPositionEncoding, NoPositionEncoding, SinusoidalPositionEncoding
 from .posenc_attention import ContentAttention
+from .posenc_gated import APosNetAttention, RPosNetAttention
+from .posenc_mixers import FourierNet, GaussianNet, GLinearNet, LightConv, LinearNet
 
 POSITION_ENCODINGS = {
     "none": NoPositionEncoding,
@@ -16,4 +18,11 @@ POSITION_ENCODINGS = {
 
 TOKEN_MIXERS = {
     "attention": ContentAttention,
+    "aposnet": APosNetAttention,
+    "rposnet": RPosNetAttention,
+    "fourier": FourierNet,
+    "gaussian": GaussianNet,
+    "linear": LinearNet,
+    "glinear": GLinearNet,
+    "lightconv": LightConv,
 }
