@@ -183,7 +183,9 @@ class APosNetAttention(PositionAttention):
         if not self.precomputed:
             self.k_proj = nn.Linear(self.embed_dim, self.embed_dim)
             self.register_buffer(
-                "position_vectors", marian_sinusoid_table(self.max_positions, self.embed_dim), persistent=False
+                "position_vectors",
+                marian_sinusoid_table(self.max_positions, self.embed_dim),
+                persistent=False,
             )
 
     def reset_parameters(self):

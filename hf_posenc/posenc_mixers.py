@@ -139,7 +139,9 @@ class LightConv(PositionMixer):
         kernel = nn.functional.dropout(kernel, p=self.weight_dropout, training=self.training)  # (H, 2K+1)
         # Tap index of each key: 0 is the leftmost tap, K the query itself in the encoder, 2K in the decoder.
         last_tap = 2 * self.kernel_radius if self.is_causal else self.kernel_radius
-        tap = context.key_positions[:, None, :] - context.query_positions[:, :, None] + last_tap  # (B|1, q, k)
+        tap = (
+            context.key_positions[:, None, :] - context.query_positions[:, :, None] + last_tap
+        )  # (B|1, q, k)
         inside = (tap >= 0) & (tap <= 2 * self.kernel_radius)
         weights = kernel[:, tap.clamp(0, 2 * self.kernel_radius)].transpose(0, 1)  # (B|1, H, q, k)
         weights = weights.masked_fill(~inside[:, None], 0.0).to(dtype)

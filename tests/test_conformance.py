@@ -22,6 +22,26 @@ EXTRA_VARIANTS: list[tuple[str, dict]] = [
         "mixed-encoder-learned-decoder-none",
         {"encoder_position_encoding": "learned", "decoder_position_encoding": "none"},
     ),
+    (
+        "rposnet-everywhere-precomputed",
+        {
+            "encoder_self_attention": "rposnet",
+            "decoder_self_attention": "rposnet",
+            "cross_attention": "rposnet",
+            "rposnet_length_ratio": 1.3,
+            "position_attention_precomputed": True,
+        },
+    ),
+    (
+        "aposnet-precomputed-ungated",
+        {
+            "encoder_self_attention": "aposnet",
+            "cross_attention": "aposnet",
+            "position_attention_precomputed": True,
+            "posnet_gating": False,
+        },
+    ),
+    ("attention-gated", {"attention_gating": True}),
 ]
 
 
