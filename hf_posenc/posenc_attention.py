@@ -74,7 +74,9 @@ class ContentAttention(TokenMixer):
         self.v_proj = nn.Linear(self.embed_dim, self.embed_dim)
         self.q_proj = nn.Linear(self.embed_dim, self.embed_dim)
         self.out_proj = nn.Linear(self.embed_dim, self.embed_dim)
-        self.gating = GeluGating(self.embed_dim) if config.attention_gating else None
+        # Paper 2 Table 6 gates self-attention only; cross-attention stays ungated.
+        gated = config.attention_gating and not self.is_cross_attention
+        self.gating = GeluGating(self.embed_dim) if gated else None
 
     def project_keys_values(self, states, context: PositionContext):
         """New keys and values (B, H, k_new, Dh), with the encoding's key rotation and value transform."""

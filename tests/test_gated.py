@@ -114,10 +114,10 @@ def test_gating_equals_the_beta_weighted_sum_of_eq_5_to_7():
 
 
 def test_attention_gating_adds_eq_4_to_content_attention():
-    """`attention_gating` gives content attention W^G (D² + D) and a LayerNorm (2D) per site, and changes it."""
+    """`attention_gating` gives content self-attention W^G (D² + D) and a LayerNorm (2D), and applies Eq. 4."""
     plain = tiny_model()
     gated = tiny_model(attention_gating=True)
-    sites = plain.config.encoder_layers + 2 * plain.config.decoder_layers
+    sites = plain.config.encoder_layers + plain.config.decoder_layers
     assert gated.num_parameters() - plain.num_parameters() == sites * (32 * 32 + 32 + 2 * 32)
     attention = gated.model.encoder.layers[0].self_attn
     hidden = torch.randn(1, 5, 32)
