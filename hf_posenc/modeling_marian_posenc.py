@@ -166,6 +166,17 @@ class MarianPosEncPreTrainedModel(PreTrainedModel):
         elif isinstance(module, MarianPosEncForConditionalGeneration):
             init.zeros_(module.final_logits_bias)
 
+    def precompute_position_attention(self) -> None:
+        """Fold position-only attention energies into per-layer tables (paper 2 §4, e.g. rPosNet, aPosNet).
+
+        Each mixer drops what produced its energies; the config is marked, so the folded model saves and
+        reloads folded. Outputs do not change.
+        """
+        for module in self.modules():
+            if isinstance(module, TokenMixer):
+                module.precompute_position_attention()
+        self.config.position_attention_precomputed = True
+
 
 class MarianPosEncEncoder(MarianPosEncPreTrainedModel):
     """Token embeddings -> position encoding -> `config.encoder_layers` encoder layers."""

@@ -32,6 +32,25 @@ def eager_attention(module, query, key, value, attention_mask, scaling, dropout=
     return output, weights
 
 
+class GeluGating(nn.Module):
+    """Gating of paper 2 (Eq. 4): c_n = [Σ_m α_nm · LayerNorm(GELU(v_m))] ⊙ GELU(W^G y_n).
+
+    Shared by the gated position mixers (aPosNet, rPosNet, gLinearNet) and, with `config.attention_gating`,
+    by content attention (paper 2 Table 6 ablation). The value side is applied before caching.
+    """
+
+    def __init__(self, embed_dim: int):
+        super().__init__()
+        self.gate_proj = nn.Linear(embed_dim, embed_dim)
+        self.value_norm = nn.LayerNorm(embed_dim)
+
+    def normalize_values(self, value: torch.Tensor) -> torch.Tensor:
+        return self.value_norm(nn.functional.gelu(value))  # (B, k, D)
+
+    def gate(self, context: torch.Tensor, queries: torch.Tensor) -> torch.Tensor:
+        return context * nn.functional.gelu(self.gate_proj(queries))  # (B, q, D)
+
+
 def cache_for_site(past_key_values, is_cross_attention: bool):
     """The self- or cross-attention half of the model's cache (None when not caching)."""
     if past_key_values is None:
@@ -56,6 +75,9 @@ class ContentAttention(TokenMixer):
         self.v_proj = nn.Linear(self.embed_dim, self.embed_dim)
         self.q_proj = nn.Linear(self.embed_dim, self.embed_dim)
         self.out_proj = nn.Linear(self.embed_dim, self.embed_dim)
+        # Paper 2 Table 6 gates self-attention only; cross-attention stays ungated.
+        gated = config.attention_gating and not self.is_cross_attention
+        self.gating = GeluGating(self.embed_dim) if gated else None
 
     def project(self, projection: nn.Linear, states, encoding) -> torch.Tensor:
         """`projection(states)`, with the encoding's weight mask for this layer when it sets one."""
@@ -68,7 +90,10 @@ class ContentAttention(TokenMixer):
         """New keys and values (B, H, k_new, Dh), with the encoding's key rotation and value transform."""
         shape = (*states.shape[:-1], -1, self.head_dim)
         key = self.project(self.k_proj, states, context.encoding).view(shape).transpose(1, 2)
-        value = self.project(self.v_proj, states, context.encoding).view(shape).transpose(1, 2)
+        value = self.project(self.v_proj, states, context.encoding)
+        if self.gating is not None:
+            value = self.gating.normalize_values(value)
+        value = value.view(shape).transpose(1, 2)
         if context.encoding is not None:
             new_positions = context.key_positions[:, -states.shape[1] :]
             value = context.encoding.transform_values(self.layer_idx, value, new_positions)
@@ -121,5 +146,8 @@ class ContentAttention(TokenMixer):
                 self, query, key, value, attention_mask, scaling=self.scaling, dropout=dropout
             )
 
-        output = self.out_proj(output.reshape(*hidden_states.shape[:-1], -1).contiguous())  # (B, q, D)
+        output = output.reshape(*hidden_states.shape[:-1], -1).contiguous()  # (B, q, D)
+        if self.gating is not None:
+            output = self.gating.gate(output, hidden_states)
+        output = self.out_proj(output)
         return output, (weights if output_attentions else None)

@@ -154,6 +154,9 @@ class TokenMixer(nn.Module):
     def check_config(cls, config, site: str) -> None:
         """Raise ValueError for hyperparameters this mixer cannot use at `site` (called when the config is built)."""
 
+    def precompute_position_attention(self) -> None:
+        """Fold energies that depend on positions only into per-layer tables; a no-op for other mixers."""
+
 
 def causal_mask(context: PositionContext) -> torch.Tensor:
     """Boolean (B|1, 1, q, k) mask, True where a query may attend: keys at or before its own position.

@@ -7,6 +7,8 @@ The conformance suite (tests/test_conformance.py) runs over every name listed he
 
 from .posenc_absolute import LearnedPositionEncoding, NoPositionEncoding, SinusoidalPositionEncoding
 from .posenc_attention import ContentAttention
+from .posenc_gated import APosNetAttention, RPosNetAttention
+from .posenc_mixers import FourierNet, GaussianNet, GLinearNet, LightConv, LinearNet
 from .posenc_posnet import PosNetAttention, PosNetEmbedding
 from .posenc_recurrent import MPRHeadPositionEncoding, RPEHeadPositionEncoding
 
@@ -22,4 +24,11 @@ POSITION_ENCODINGS = {
 
 TOKEN_MIXERS = {
     "attention": ContentAttention,
+    "aposnet": APosNetAttention,
+    "rposnet": RPosNetAttention,
+    "fourier": FourierNet,
+    "gaussian": GaussianNet,
+    "linear": LinearNet,
+    "glinear": GLinearNet,
+    "lightconv": LightConv,
 }

@@ -50,6 +50,26 @@ EXTRA_VARIANTS: list[tuple[str, dict]] = [
         "posnet_attn-per-head-dropout",
         {"position_encoding": "posnet_attn", "posnet_attn_per_head": True, "posnet_dropout": 0.1},
     ),
+    (
+        "rposnet-everywhere-precomputed",
+        {
+            "encoder_self_attention": "rposnet",
+            "decoder_self_attention": "rposnet",
+            "cross_attention": "rposnet",
+            "rposnet_length_ratio": 1.3,
+            "position_attention_precomputed": True,
+        },
+    ),
+    (
+        "aposnet-precomputed-ungated",
+        {
+            "encoder_self_attention": "aposnet",
+            "cross_attention": "aposnet",
+            "position_attention_precomputed": True,
+            "posnet_gating": False,
+        },
+    ),
+    ("attention-gated", {"attention_gating": True}),
 ]
 
 

@@ -1,0 +1,274 @@
+"""Gated position-based attention: the `"aposnet"` and `"rposnet"` token mixers (paper 2).
+
+Paper 2: "Gated Position-based Attention for Neural Machine Translation" (WMT23 as "Bridging the Gap between
+Position-Based and Content-Based Self-Attention for NMT"). The mixing weights come from positions only:
+
+* aPosNet (Eq. 8):  α̂_nm = (W^Q ñ)(W^K m̃)ᵀ / √D_h with ñ, m̃ fixed sinusoids of the query/key positions;
+* rPosNet (Eq. 9-10): α̂_nm = (W^Q ñ) · d̃_nmᵀ / √D_h, d̃_nm = Emb_rel(clip(⌊γ n⌋ − m, K)), ñ learned;
+
+followed by the softmax (Eq. 2) and the gating of Eq. 4 (`GeluGating`, switchable with `posnet_gating`).
+Because α̂ depends on positions only, `model.precompute_position_attention()` folds it into per-layer tables
+(aPosNet: H×N×N, rPosNet: H×N×(2K+1) indexed by the clipped offset) and drops W^Q, W^K and the position
+vectors (paper 2 §4.1-4.2, "Theoretical Complexity").
+
+`PositionMixer` is the base of every mixer whose weights ignore the token contents (also the five mixers of
+posenc_mixers.py): values are projected (and gated-normalised) once, cached like content attention's values,
+mixed with weights (B|1, H|1, q, k) computed from `PositionContext` positions, then gated and projected.
+
+Deviations from the reference code (github apptek/posnet-position_based_attention): there ñ is the stack's
+input position embedding (layer-normalised for the learned one) shared by all layers; our mixers are built
+per layer and cannot reach the stack's table, so each aPosNet layer computes the same fixed sinusoids and
+each rPosNet layer owns its learned ñ table (L_max × D more parameters per layer before folding; nothing
+after). The reference pre-norm layers are Marian's post-norm layers here.
+"""
+
+import torch
+from torch import nn
+from transformers import initialization as init
+
+from .posenc_absolute import marian_sinusoid_table
+from .posenc_attention import GeluGating, cache_for_site
+from .posenc_base import (
+    CROSS_ATTENTION,
+    PositionContext,
+    TokenMixer,
+    additive_mask,
+    check_max_positions,
+)
+
+
+def allowed_keys(attention_mask, context: PositionContext, is_causal: bool) -> torch.Tensor | None:
+    """Boolean (B|1, 1, q, k) "query may read key" from any of transformers' masks, or None (all allowed)."""
+    if attention_mask is None:
+        if not is_causal:
+            return None
+        return context.key_positions[:, None, None, :] <= context.query_positions[:, None, :, None]
+    if attention_mask.dtype == torch.bool:
+        return attention_mask
+    return attention_mask == 0  # eager float masks hold 0 where allowed and the dtype's minimum elsewhere
+
+
+class PositionMixer(TokenMixer):
+    """Token mixing with content-independent weights: out_proj(gate([W · values])), values cached per site.
+
+    Subclasses define `mixing_weights(attention_mask, context, dtype) -> (B|1, H|1, q, k)`, already masked
+    (padding, causality) and normalised or not as their equation says.
+    """
+
+    #: Eq. 4 gating; subclasses fix it or read it from the config.
+    gated = False
+
+    def __init__(self, config, site, layer_idx):
+        super().__init__(config, site, layer_idx)
+        self.dropout = config.attention_dropout
+        self.v_proj = nn.Linear(self.embed_dim, self.embed_dim)
+        self.out_proj = nn.Linear(self.embed_dim, self.embed_dim)
+        self.gating = GeluGating(self.embed_dim) if self.gated else None
+
+    def project_values(self, states: torch.Tensor) -> torch.Tensor:
+        """(B, k, D) -> (B, k, D) values before the head split."""
+        value = self.v_proj(states)
+        return self.gating.normalize_values(value) if self.gating is not None else value
+
+    def cached_values(self, hidden_states, key_value_states, past_key_values) -> torch.Tensor:
+        """All values of the site (B, H, k, Dh): new ones appended to the cache, encoder ones computed once.
+
+        The values go into the cache as both keys and values: the decoder reads the number of cached positions
+        from the self-attention cache.
+        """
+        cache = cache_for_site(past_key_values, self.is_cross_attention)
+        if self.is_cross_attention and cache is not None and past_key_values.is_updated.get(self.layer_idx):
+            return cache.layers[self.layer_idx].values
+        states = key_value_states if self.is_cross_attention else hidden_states
+        value = self.project_values(states)
+        value = value.view(*states.shape[:-1], self.num_heads, -1).transpose(1, 2)  # (B, H, k_new, Dh)
+        if cache is not None:
+            _, value = cache.update(value, value, self.layer_idx)
+            if self.is_cross_attention:
+                past_key_values.is_updated[self.layer_idx] = True
+        return value
+
+    def mixing_weights(self, attention_mask, context: PositionContext, dtype) -> torch.Tensor:
+        raise NotImplementedError
+
+    def forward(
+        self,
+        hidden_states: torch.Tensor,
+        key_value_states: torch.Tensor | None = None,
+        past_key_values=None,
+        attention_mask: torch.Tensor | None = None,
+        context: PositionContext | None = None,
+        output_attentions: bool = False,
+    ):
+        value = self.cached_values(hidden_states, key_value_states, past_key_values)  # (B, H, k, Dh)
+        weights = self.mixing_weights(attention_mask, context, value.dtype)  # (B|1, H|1, q, k)
+        weights = nn.functional.dropout(weights, p=self.dropout, training=self.training)
+        output = torch.matmul(weights, value).transpose(1, 2)  # (B, q, H, Dh)
+        output = output.reshape(*hidden_states.shape[:-1], -1)  # (B, q, D)
+        if self.gating is not None:
+            output = self.gating.gate(output, hidden_states)
+        return self.out_proj(output), (weights if output_attentions else None)
+
+
+class PositionAttention(PositionMixer):
+    """Softmax over position-only energies (paper 2 §4); energies computed, or read from a folded table.
+
+    A folded layer (`config.position_attention_precomputed`) holds `energies`, a per-head table indexed by
+    query position (and by key position or clipped offset), instead of W^Q, W^K and the position vectors.
+    """
+
+    def __init__(self, config, site, layer_idx):
+        self.gated = config.posnet_gating
+        super().__init__(config, site, layer_idx)
+        self.scaling = self.head_dim**-0.5
+        self.max_positions = config.max_position_embeddings
+        self.precomputed = config.position_attention_precomputed
+        if self.precomputed:
+            self.energies = nn.Parameter(torch.empty(self.energy_table_shape()))
+        else:
+            self.q_proj = nn.Linear(self.embed_dim, self.embed_dim)
+        self.reset_parameters()
+
+    def energy_table_shape(self) -> tuple[int, ...]:
+        raise NotImplementedError
+
+    def computed_energies(self, context: PositionContext) -> torch.Tensor:
+        """Energies from the position vectors, (B|1, H, q, k) or per offset (B|1, H, q, 2K+1)."""
+        raise NotImplementedError
+
+    def table_energies(self, context: PositionContext) -> torch.Tensor:
+        """The same, read from the folded table."""
+        raise NotImplementedError
+
+    def all_positions_context(self) -> PositionContext:
+        positions = torch.arange(self.max_positions, device=self.out_proj.weight.device)[None]  # (1, N)
+        return PositionContext(None, positions, positions)
+
+    def projected_queries(self, positions: torch.Tensor) -> torch.Tensor:
+        """W^Q ñ at `positions` (B|1, q) -> (B|1, H, q, Dh)."""
+        queries = self.q_proj(self.position_vectors[positions].to(self.q_proj.weight.dtype))
+        return queries.view(*positions.shape, self.num_heads, -1).transpose(1, 2)
+
+    def energies_for(self, context: PositionContext) -> torch.Tensor:
+        check_max_positions(context.query_positions, self.max_positions, type(self).__name__)
+        check_max_positions(context.key_positions, self.max_positions, type(self).__name__)
+        return self.table_energies(context) if self.precomputed else self.computed_energies(context)
+
+    def mixing_weights(self, attention_mask, context, dtype):
+        energies = self.energies_for(context).to(dtype)  # (B|1, H, q, k)
+        return torch.softmax(additive_mask(attention_mask, energies, context, self.is_causal), dim=-1)
+
+    @torch.no_grad()
+    def precompute_position_attention(self) -> None:
+        """Fold the energies of every position pair into `energies`; drop what produced them (paper 2 §4)."""
+        if self.precomputed:
+            return
+        table = self.computed_energies(self.all_positions_context())[0]  # (H, N, ·)
+        for name in self.folded_away:
+            delattr(self, name)
+        self.energies = nn.Parameter(table.contiguous())
+        self.precomputed = True
+
+
+class APosNetAttention(PositionAttention):
+    """aPosNet (paper 2 Eq. 8 + Eq. 4): α̂_nm = (W^Q ñ)(W^K m̃)ᵀ/√D_h with fixed sinusoid position vectors.
+
+    Recommended input embedding: `position_encoding="sinusoidal"` (paper 2 §5.2).
+    """
+
+    folded_away = ("q_proj", "k_proj", "position_vectors")
+
+    def __init__(self, config, site, layer_idx):
+        super().__init__(config, site, layer_idx)
+        if not self.precomputed:
+            self.k_proj = nn.Linear(self.embed_dim, self.embed_dim)
+            self.register_buffer(
+                "position_vectors",
+                marian_sinusoid_table(self.max_positions, self.embed_dim),
+                persistent=False,
+            )
+
+    def reset_parameters(self):
+        if self.precomputed:
+            init.zeros_(self.energies)
+        elif hasattr(self, "position_vectors"):
+            init.copy_(self.position_vectors, marian_sinusoid_table(self.max_positions, self.embed_dim))
+
+    def energy_table_shape(self):
+        return (self.num_heads, self.max_positions, self.max_positions)
+
+    def computed_energies(self, context):
+        queries = self.projected_queries(context.query_positions)  # (B|1, H, q, Dh)
+        keys = self.k_proj(self.position_vectors[context.key_positions].to(self.k_proj.weight.dtype))
+        keys = keys.view(*context.key_positions.shape, self.num_heads, -1).transpose(1, 2)  # (B|1, H, k, Dh)
+        return torch.matmul(queries, keys.transpose(2, 3)) * self.scaling  # (B|1, H, q, k)
+
+    def table_energies(self, context):
+        rows = context.query_positions[:, :, None]  # (B|1, q, 1)
+        columns = context.key_positions[:, None, :]  # (B|1, 1, k)
+        return self.energies[:, rows, columns].transpose(0, 1)  # (B|1, H, q, k)
+
+
+class RPosNetAttention(PositionAttention):
+    """rPosNet (paper 2 Eq. 9-10 + Eq. 4): α̂_nm = (W^Q ñ)·d̃_nmᵀ/√D_h, d̃_nm = Emb_rel(clip(⌊γn⌋ − m, K)).
+
+    ñ are learned absolute position vectors, Emb_rel has 2K+1 rows of D features (D_h per head). γ = 1 in
+    self-attention and `config.rposnet_length_ratio` in cross-attention. Offsets beyond ±K share the outer
+    energies, so every key is reachable (global context). Recommended input embedding:
+    `position_encoding="learned"` (paper 2 §5.2).
+    """
+
+    folded_away = ("q_proj", "relative_embeddings", "position_vectors")
+
+    def __init__(self, config, site, layer_idx):
+        self.max_relative_position = config.rposnet_max_relative_position
+        self.length_ratio = config.rposnet_length_ratio if site == CROSS_ATTENTION else 1.0
+        super().__init__(config, site, layer_idx)
+        if not self.precomputed:
+            self.position_vectors = nn.Parameter(torch.empty(self.max_positions, self.embed_dim))
+            self.relative_embeddings = nn.Parameter(
+                torch.empty(2 * self.max_relative_position + 1, self.embed_dim)
+            )
+            self.reset_parameters()
+
+    @classmethod
+    def check_config(cls, config, site):
+        if config.rposnet_max_relative_position < 0:
+            raise ValueError(
+                f"rposnet_max_relative_position={config.rposnet_max_relative_position} must be >= 0 "
+                "(paper 2: 16 base, 8 big)."
+            )
+        if config.rposnet_length_ratio <= 0:
+            raise ValueError(f"rposnet_length_ratio={config.rposnet_length_ratio} must be positive.")
+
+    def reset_parameters(self):
+        if self.precomputed:
+            init.zeros_(self.energies)
+        elif hasattr(self, "relative_embeddings"):
+            init.normal_(self.position_vectors, mean=0.0, std=self.embed_dim**-0.5)
+            init.xavier_normal_(self.relative_embeddings)
+
+    def energy_table_shape(self):
+        return (self.num_heads, self.max_positions, 2 * self.max_relative_position + 1)
+
+    def computed_energies(self, context):
+        queries = self.projected_queries(context.query_positions)  # (B|1, H, q, Dh)
+        relative = self.relative_embeddings.view(-1, self.num_heads, self.head_dim)  # (2K+1, H, Dh)
+        return torch.einsum("bhqd,khd->bhqk", queries, relative.to(queries.dtype)) * self.scaling
+
+    def table_energies(self, context):
+        return self.energies[:, context.query_positions].transpose(0, 1)  # (B|1, H, q, 2K+1)
+
+    def offset_index(self, context: PositionContext) -> torch.Tensor:
+        """clip(⌊γ n⌋ − m, K) + K for every query/key pair, (B|1, q, k)."""
+        scaled_queries = torch.floor(context.query_positions * self.length_ratio).long()  # (B|1, q)
+        offsets = scaled_queries[:, :, None] - context.key_positions[:, None, :]
+        K = self.max_relative_position
+        return offsets.clamp(-K, K) + K
+
+    def energies_for(self, context):
+        per_offset = super().energies_for(context)  # (B|1, H, q, 2K+1)
+        index = self.offset_index(context)[:, None]  # (B|1, 1, q, k)
+        batch = max(per_offset.shape[0], index.shape[0])
+        index = index.expand(batch, self.num_heads, -1, -1)
+        return per_offset.expand(batch, -1, -1, -1).gather(-1, index)  # (B, H, q, k)

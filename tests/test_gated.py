@@ -1,0 +1,178 @@
+"""Gated position-based attention (paper 2) and the position-only mixers, against direct implementations."""
+
+import math
+
+import pytest
+import torch
+from conftest import source_batch, target_batch, tiny_config, tiny_model
+
+from hf_posenc.posenc_absolute import marian_sinusoid_table
+from hf_posenc.posenc_base import (
+    CROSS_ATTENTION,
+    DECODER_SELF_ATTENTION,
+    ENCODER_SELF_ATTENTION,
+    PositionContext,
+)
+from hf_posenc.posenc_gated import APosNetAttention, RPosNetAttention
+from hf_posenc.posenc_mixers import FourierNet, GaussianNet, LightConv
+
+ALL_SITES_RPOSNET = dict(
+    encoder_self_attention="rposnet",
+    decoder_self_attention="rposnet",
+    cross_attention="rposnet",
+    rposnet_max_relative_position=3,
+    rposnet_length_ratio=1.4,
+    position_encoding="learned",
+)
+ALL_SITES_APOSNET = dict(
+    encoder_self_attention="aposnet", decoder_self_attention="aposnet", cross_attention="aposnet"
+)
+
+
+def context(query_positions, key_positions):
+    return PositionContext(None, torch.as_tensor(query_positions)[None], torch.as_tensor(key_positions)[None])
+
+
+def test_rposnet_energies_follow_eq_9_and_10_with_the_length_ratio():
+    """Eq. 9-10 evaluated pair by pair equals the vectorised energies, γ applied in cross-attention."""
+    torch.manual_seed(0)
+    mixer = RPosNetAttention(tiny_config(**ALL_SITES_RPOSNET), CROSS_ATTENTION, 0)
+    queries, keys = list(range(5)), list(range(9))
+    energies = mixer.energies_for(context(queries, keys))[0]  # (H, q, k)
+    K, H, Dh = 3, mixer.num_heads, mixer.head_dim
+    for n in queries:
+        q = mixer.q_proj(mixer.position_vectors[n]).view(H, Dh)
+        for m in keys:
+            d = mixer.relative_embeddings[max(-K, min(K, math.floor(1.4 * n) - m)) + K].view(H, Dh)
+            torch.testing.assert_close(energies[:, n, m], (q * d).sum(-1) / math.sqrt(Dh))
+
+
+def test_aposnet_energies_follow_eq_8_on_sinusoids():
+    """Eq. 8: (W^Q ñ)(W^K m̃)ᵀ/√D_h with ñ, m̃ the sinusoids of the query and key positions."""
+    torch.manual_seed(0)
+    mixer = APosNetAttention(tiny_config(**ALL_SITES_APOSNET), ENCODER_SELF_ATTENTION, 0)
+    table = marian_sinusoid_table(20, 32)
+    positions = [0, 3, 7, 19]
+    energies = mixer.energies_for(context(positions, positions))[0]
+    H, Dh = mixer.num_heads, mixer.head_dim
+    q = mixer.q_proj(table[positions]).view(-1, H, Dh).transpose(0, 1)
+    k = mixer.k_proj(table[positions]).view(-1, H, Dh).transpose(0, 1)
+    torch.testing.assert_close(energies, q @ k.transpose(1, 2) / math.sqrt(Dh))
+
+
+@pytest.mark.parametrize("overrides", [ALL_SITES_RPOSNET, ALL_SITES_APOSNET], ids=["rposnet", "aposnet"])
+def test_precomputed_energies_give_identical_outputs_and_reload_folded(overrides, tmp_path):
+    """Folding keeps forward and generate outputs, drops W^Q/W^K/position tables, and survives save/load."""
+    from transformers import AutoModelForSeq2SeqLM
+
+    model = tiny_model(**overrides)
+    src, mask = source_batch()
+    tgt = target_batch()
+    kwargs = dict(attention_mask=mask, num_beams=4, max_new_tokens=8, output_scores=True)
+    with torch.no_grad():
+        before = model(input_ids=src, attention_mask=mask, decoder_input_ids=tgt).logits
+    generated_before = model.generate(src, return_dict_in_generate=True, **kwargs)
+    parameters_before = model.num_parameters()
+
+    model.precompute_position_attention()
+    assert model.config.position_attention_precomputed
+    names = [name for name, _ in model.named_parameters()]
+    assert not any(".q_proj." in n or ".k_proj." in n or "position_vectors" in n for n in names)
+    assert model.num_parameters() != parameters_before
+    with torch.no_grad():
+        after = model(input_ids=src, attention_mask=mask, decoder_input_ids=tgt).logits
+    torch.testing.assert_close(after, before, atol=1e-5, rtol=0)
+    generated_after = model.generate(src, return_dict_in_generate=True, **kwargs)
+    assert generated_after.sequences.tolist() == generated_before.sequences.tolist()
+    for step_after, step_before in zip(generated_after.scores, generated_before.scores, strict=True):
+        finite = torch.isfinite(step_before)
+        torch.testing.assert_close(step_after[finite], step_before[finite], atol=1e-5, rtol=0)
+
+    model.save_pretrained(tmp_path)
+    loaded = AutoModelForSeq2SeqLM.from_pretrained(tmp_path).eval()
+    assert loaded.config.position_attention_precomputed
+    with torch.no_grad():
+        reloaded = loaded(input_ids=src, attention_mask=mask, decoder_input_ids=tgt).logits
+    torch.testing.assert_close(reloaded, after, atol=0, rtol=0)
+
+
+def test_gating_equals_the_beta_weighted_sum_of_eq_5_to_7():
+    """Without LayerNorm, [Σ α·GELU(v)] ⊙ g ≈ Σ α β ⊙ v, β_nm = g_n ⊙ σ(1.702 v_m), and β ratios ignore n."""
+    torch.manual_seed(0)
+    alpha = torch.softmax(torch.randn(4, 6), dim=-1)  # (N, M)
+    values = torch.randn(6, 8)  # (M, D)
+    gates = torch.nn.functional.gelu(torch.randn(4, 8))  # (N, D)
+    gated = (alpha @ torch.nn.functional.gelu(values)) * gates  # Eq. 4 without LayerNorm
+    beta = gates[:, None, :] * torch.sigmoid(1.702 * values)[None]  # Eq. 6, (N, M, D)
+    weighted = (alpha[:, :, None] * beta * values[None]).sum(1)  # Eq. 5
+    # The sigmoid approximation of GELU is within ~0.021·|v| of it, which bounds the difference.
+    bound = 0.021 * (alpha @ values.abs()) * gates.abs()
+    assert ((gated - weighted).abs() <= bound + 1e-6).all()
+    assert (gated - weighted).abs().max() > 0  # the approximation is not exact: the bound is doing work
+    ratios = beta[:, 0] / beta[:, 1]  # Eq. 7: the same for every query n
+    torch.testing.assert_close(ratios, ratios[:1].expand_as(ratios))
+
+
+def test_attention_gating_adds_eq_4_to_content_attention():
+    """`attention_gating` gives content self-attention W^G (D² + D) and a LayerNorm (2D), and applies Eq. 4."""
+    plain = tiny_model()
+    gated = tiny_model(attention_gating=True)
+    sites = plain.config.encoder_layers + plain.config.decoder_layers
+    assert gated.num_parameters() - plain.num_parameters() == sites * (32 * 32 + 32 + 2 * 32)
+    attention = gated.model.encoder.layers[0].self_attn
+    hidden = torch.randn(1, 5, 32)
+    ctx = context(range(5), range(5))
+    out, _ = attention(hidden, context=ctx)
+    gelu = torch.nn.functional.gelu
+    heads = lambda x: x.view(1, 5, 4, 8).transpose(1, 2)  # noqa: E731
+    q, k = heads(attention.q_proj(hidden)), heads(attention.k_proj(hidden))
+    v = heads(attention.gating.value_norm(gelu(attention.v_proj(hidden))))
+    mixed = (torch.softmax(q @ k.transpose(2, 3) / math.sqrt(8), -1) @ v).transpose(1, 2).reshape(1, 5, 32)
+    expected = attention.out_proj(mixed * gelu(attention.gating.gate_proj(hidden)))
+    torch.testing.assert_close(out, expected)
+
+
+def test_fourier_mixing_is_the_real_part_of_the_dft_over_each_sequence():
+    """Eq. 11: weights are Re(DFT) over the unpadded length of each row (torch.fft as the reference)."""
+    mixer = FourierNet(tiny_config(encoder_self_attention="fourier"), ENCODER_SELF_ATTENTION, 0)
+    positions = torch.tensor([[0, 1, 2, 3, 4, 5], [0, 1, 2, 3, 3, 3]])  # second row padded after 4 tokens
+    mask = torch.tensor([[1] * 6, [1, 1, 1, 1, 0, 0]], dtype=torch.bool)[:, None, None, :].expand(2, 1, 6, 6)
+    weights = mixer.mixing_weights(mask, PositionContext(None, positions, positions), torch.float32)
+    for row, length in ((0, 6), (1, 4)):
+        dft = torch.fft.fft(torch.eye(length), dim=0).real.float()  # W_nm = Re(exp(-2πi nm/M))
+        torch.testing.assert_close(weights[row, 0, :length, :length], dft, atol=1e-6, rtol=0)
+    assert (weights[1, 0, :, 4:] == 0).all()
+
+
+def test_fourier_is_rejected_in_the_decoder_with_a_clear_message():
+    """FourierNet cannot be causal (paper 2 §5.2): validation names the site and the allowed ones."""
+    with pytest.raises(ValueError, match="decoder_self_attention='fourier'.*encoder_self_attention"):
+        tiny_config(decoder_self_attention="fourier")
+
+
+def test_gaussian_weights_are_unnormalised_normal_densities_around_per_head_offsets():
+    """Eq. 12: W_nm = exp(-(m - n - o_h)²/2)/√(2π), o_h alternating over heads (-1, 1 encoder; -1, 0 decoder)."""
+    for site, offsets in ((ENCODER_SELF_ATTENTION, (-1, 1)), (DECODER_SELF_ATTENTION, (-1, 0))):
+        mixer = GaussianNet(tiny_config(), site, 0)
+        weights = mixer.mixing_weights(None, context(range(7), range(7)), torch.float32)[0]
+        for h in range(4):
+            for n in range(7):
+                for m in range(7):
+                    expected = math.exp(-0.5 * (m - n - offsets[h % 2]) ** 2) / math.sqrt(2 * math.pi)
+                    if site == DECODER_SELF_ATTENTION and m > n:
+                        expected = 0.0
+                    assert weights[h, n, m].item() == pytest.approx(expected, abs=1e-6)
+
+
+@pytest.mark.parametrize("site", [ENCODER_SELF_ATTENTION, DECODER_SELF_ATTENTION])
+def test_lightconv_equals_a_depthwise_convolution(site):
+    """Eq. 14: a softmax-normalised kernel shared per head, centred (encoder) or causal (decoder) zero padding."""
+    torch.manual_seed(0)
+    mixer = LightConv(tiny_config(lightconv_kernel_radius=2), site, 0).eval()
+    hidden = torch.randn(2, 9, 32)
+    out, _ = mixer(hidden, context=context(range(9), range(9)))
+    values = torch.nn.functional.glu(mixer.v_proj(hidden), dim=-1).transpose(1, 2)  # (B, D, L)
+    kernel = torch.softmax(mixer.kernel, -1).repeat_interleave(8, dim=0)[:, None]  # (D, 1, 5) per head
+    left, right = (4, 0) if site == DECODER_SELF_ATTENTION else (2, 2)
+    convolved = torch.nn.functional.conv1d(torch.nn.functional.pad(values, (left, right)), kernel, groups=32)
+    torch.testing.assert_close(out, mixer.out_proj(convolved.transpose(1, 2)), atol=1e-5, rtol=1e-5)
