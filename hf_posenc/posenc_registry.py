@@ -7,11 +7,23 @@ The conformance suite (tests/test_conformance.py) runs over every name listed he
 
 from .posenc_absolute import LearnedPositionEncoding, NoPositionEncoding, SinusoidalPositionEncoding
 from .posenc_attention import ContentAttention
+from .posenc_relative import (
+    AdaptiveT5PositionEncoding,
+    AlibiPositionEncoding,
+    RotaryPositionEncoding,
+    ShawRelativePositionEncoding,
+    T5BiasPositionEncoding,
+)
 
 POSITION_ENCODINGS = {
     "none": NoPositionEncoding,
     "sinusoidal": SinusoidalPositionEncoding,
     "learned": LearnedPositionEncoding,
+    "shaw": ShawRelativePositionEncoding,
+    "t5_bias": T5BiasPositionEncoding,
+    "adaptive_t5": AdaptiveT5PositionEncoding,
+    "alibi": AlibiPositionEncoding,
+    "rope": RotaryPositionEncoding,
 }
 
 TOKEN_MIXERS = {
