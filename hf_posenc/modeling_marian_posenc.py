@@ -50,6 +50,8 @@ from .posenc_registry import POSITION_ENCODINGS, TOKEN_MIXERS
 
 logger = logging.get_logger(__name__)
 
+MAX_NEW_TOKENS_OVER_SOURCE = 50  # paper 1 decodes up to source length + 50 tokens
+
 
 def shift_tokens_right(labels: torch.Tensor, pad_token_id: int, decoder_start_token_id: int) -> torch.Tensor:
     """Teacher-forcing decoder input: labels shifted right behind the start token, -100 replaced by pad."""
@@ -424,6 +426,10 @@ class MarianPosEncForConditionalGeneration(MarianPosEncPreTrainedModel, Generati
         self.register_buffer("final_logits_bias", torch.zeros(1, config.vocab_size))
         self.lm_head = nn.Linear(config.d_model, config.vocab_size, bias=False)
         self.post_init()
+        # Paper 1's evaluation setting: beam 4, length penalty 0.6, up to source length + 50 new tokens.
+        self.generation_config.update(num_beams=4, length_penalty=0.6, bad_words_ids=[[config.pad_token_id]])
+        self.generation_config.max_new_tokens_over_source = MAX_NEW_TOKENS_OVER_SOURCE
+        self.generation_config._from_model_config = False  # a deliberate config: keep it on save/load
 
     def get_output_embeddings(self):
         return self.lm_head
@@ -445,6 +451,19 @@ class MarianPosEncForConditionalGeneration(MarianPosEncPreTrainedModel, Generati
             model_kwargs["past_key_values"] = PosEncCache(
                 cache.self_attention_cache, cache.cross_attention_cache
             )
+
+    def generate(self, inputs=None, generation_config=None, **kwargs):
+        """`GenerationMixin.generate`; unless a length is given, allows source length + N new tokens, with N
+        from the generation config's `max_new_tokens_over_source` (50, paper 1)."""
+        over_source = getattr(generation_config or self.generation_config, "max_new_tokens_over_source", None)
+        source = inputs if inputs is not None else kwargs.get("input_ids")
+        if (
+            over_source is not None
+            and source is not None
+            and not {"max_new_tokens", "max_length"} & kwargs.keys()
+        ):
+            kwargs["max_new_tokens"] = source.shape[-1] + over_source
+        return super().generate(inputs, generation_config=generation_config, **kwargs)
 
     def forward(
         self,

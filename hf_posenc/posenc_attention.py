@@ -14,7 +14,7 @@ from torch import nn
 from transformers.cache_utils import EncoderDecoderCache
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
-from .posenc_base import PositionContext, TokenMixer, additive_mask
+from .posenc_base import PositionContext, TokenMixer, additive_mask, causal_mask
 
 
 def eager_attention(module, query, key, value, attention_mask, scaling, dropout=0.0, **kwargs):
@@ -102,6 +102,8 @@ class ContentAttention(TokenMixer):
                 attention_mask = additive_mask(attention_mask, bias.to(query.dtype), context, self.is_causal)
             if output_attentions:
                 attention_function = eager_attention
+                if attention_mask is None and self.is_causal:
+                    attention_mask = causal_mask(context)
             else:
                 attention_function = ALL_ATTENTION_FUNCTIONS.get_interface(
                     self.config._attn_implementation, eager_attention

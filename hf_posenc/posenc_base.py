@@ -142,6 +142,15 @@ class TokenMixer(nn.Module):
         """Raise ValueError for hyperparameters this mixer cannot use at `site` (called when the config is built)."""
 
 
+def causal_mask(context: PositionContext) -> torch.Tensor:
+    """Boolean (B|1, 1, q, k) mask, True where a query may attend: keys at or before its own position.
+
+    transformers hands SDPA no mask at all for unpadded causal attention (the kernel's `is_causal` does it);
+    any other kernel has to rebuild causality from the positions.
+    """
+    return context.key_positions[:, None, None, :] <= context.query_positions[:, None, :, None]
+
+
 def additive_mask(
     attention_mask: torch.Tensor | None,
     bias: torch.Tensor,
@@ -155,11 +164,10 @@ def additive_mask(
     fused kernel usable for every bias-type encoding.
     """
     min_value = torch.finfo(bias.dtype).min
+    if attention_mask is None and not is_causal:
+        return bias
     if attention_mask is None:
-        if not is_causal:
-            return bias
-        future = context.key_positions[:, None, None, :] > context.query_positions[:, None, :, None]
-        return bias.masked_fill(future, min_value)  # (B|1, H, q, k)
+        attention_mask = causal_mask(context)
     if attention_mask.dtype == torch.bool:
         return bias.masked_fill(~attention_mask, min_value)
     return bias + attention_mask.to(bias.dtype)

@@ -1,0 +1,161 @@
+"""Foundation properties: Marian parity, conversion, config validation, save/load details, generation
+defaults, attention outputs and the loss the Trainer relies on."""
+
+import json
+
+import pytest
+import torch
+from conftest import PAD, VOCAB, source_batch, target_batch, tiny_config, tiny_model
+from safetensors import safe_open
+from transformers import AutoConfig, AutoModelForSeq2SeqLM, MarianConfig, MarianMTModel
+
+from hf_posenc import MarianPosEncConfig, MarianPosEncForConditionalGeneration
+from hf_posenc.posenc_absolute import marian_sinusoid_table
+
+
+def stock_marian(seed=0):
+    torch.manual_seed(seed)
+    config = MarianConfig(
+        vocab_size=VOCAB,
+        d_model=32,
+        encoder_layers=2,
+        decoder_layers=2,
+        encoder_attention_heads=4,
+        decoder_attention_heads=4,
+        encoder_ffn_dim=64,
+        decoder_ffn_dim=64,
+        max_position_embeddings=64,
+        pad_token_id=PAD,
+        decoder_start_token_id=PAD,
+        eos_token_id=1,
+        forced_eos_token_id=1,
+        scale_embedding=True,
+    )
+    return MarianMTModel(config).eval()
+
+
+def test_sinusoidal_attention_model_reproduces_marian_logits_and_beam_search():
+    stock = stock_marian()
+    ours = MarianPosEncForConditionalGeneration.from_marian(stock).eval()
+    src, mask = source_batch()
+    tgt = target_batch()
+    with torch.no_grad():
+        expected = stock(input_ids=src, attention_mask=mask, decoder_input_ids=tgt).logits
+        actual = ours(input_ids=src, attention_mask=mask, decoder_input_ids=tgt).logits
+    assert (expected - actual).abs().max() <= 1e-5
+    kwargs = dict(attention_mask=mask, num_beams=4, max_new_tokens=12, length_penalty=0.6)
+    assert ours.generate(src, **kwargs).tolist() == stock.generate(src, **kwargs).tolist()
+
+
+def test_from_marian_folder_swaps_the_position_encoding_and_keeps_the_rest(tmp_path):
+    stock = stock_marian(seed=3)
+    stock.save_pretrained(tmp_path)
+    ours = MarianPosEncForConditionalGeneration.from_marian(str(tmp_path), position_encoding="learned")
+    assert ours.config.encoder_position_encoding == ours.config.decoder_position_encoding == "learned"
+    stock_state = stock.state_dict()
+    for name, tensor in ours.state_dict().items():
+        if name in stock_state:
+            torch.testing.assert_close(tensor, stock_state[name], rtol=0, atol=0)
+        else:  # the new learned tables: initialised, not left empty
+            assert "position_encoding" in name
+            assert torch.isfinite(tensor).all() and tensor.std() > 0
+
+
+def test_unknown_module_names_are_rejected_with_the_allowed_values():
+    with pytest.raises(
+        ValueError, match=r"encoder_position_encoding='sinusodal'.*allowed values: .*sinusoidal"
+    ):
+        MarianPosEncConfig(encoder_position_encoding="sinusodal")
+    with pytest.raises(ValueError, match=r"position_encoding='rotary'.*learned"):
+        MarianPosEncConfig(position_encoding="rotary")
+    with pytest.raises(ValueError, match=r"cross_attention='conv'.*attention"):
+        MarianPosEncConfig(cross_attention="conv")
+
+
+def test_impossible_shapes_fail_at_config_time():
+    with pytest.raises(ValueError, match=r"d_model=30 must be divisible by encoder_attention_heads=4"):
+        MarianPosEncConfig(d_model=30, encoder_attention_heads=4)
+    with pytest.raises(ValueError, match=r"max_position_embeddings=0"):
+        MarianPosEncConfig(max_position_embeddings=0)
+
+
+def test_config_round_trips_through_json_and_auto_config(tmp_path):
+    config = tiny_config(encoder_position_encoding="learned", decoder_position_encoding="none")
+    config.save_pretrained(tmp_path)
+    stored = json.loads((tmp_path / "config.json").read_text())
+    assert stored["model_type"] == "marian_posenc" and "position_encoding" not in stored
+    loaded = AutoConfig.from_pretrained(tmp_path)
+    assert isinstance(loaded, MarianPosEncConfig)
+    assert (loaded.encoder_position_encoding, loaded.decoder_position_encoding) == ("learned", "none")
+
+
+def test_learned_tables_are_saved_unlike_stock_marian(tmp_path):
+    model = tiny_model(position_encoding="learned")
+    model.save_pretrained(tmp_path)
+    with safe_open(tmp_path / "model.safetensors", "pt") as weights:
+        keys = set(weights.keys())
+        torch.testing.assert_close(
+            weights.get_tensor("model.encoder.position_encoding.weight"),
+            model.model.encoder.position_encoding.weight.detach(),
+        )
+    assert "model.decoder.position_encoding.weight" in keys
+
+
+def test_sinusoid_table_is_rebuilt_when_loading(tmp_path):
+    tiny_model().save_pretrained(tmp_path)
+    loaded = AutoModelForSeq2SeqLM.from_pretrained(tmp_path)
+    expected = marian_sinusoid_table(64, 32)
+    torch.testing.assert_close(loaded.model.encoder.position_encoding.table, expected, rtol=0, atol=0)
+    torch.testing.assert_close(loaded.model.decoder.position_encoding.table, expected, rtol=0, atol=0)
+
+
+def test_generation_config_has_paper_defaults_and_sizes_length_from_source(tmp_path):
+    model = tiny_model()
+    model.save_pretrained(tmp_path)
+    stored = json.loads((tmp_path / "generation_config.json").read_text())
+    assert stored["num_beams"] == 4 and stored["length_penalty"] == 0.6
+    assert stored["max_new_tokens_over_source"] == 50 and stored["bad_words_ids"] == [[PAD]]
+    loaded = AutoModelForSeq2SeqLM.from_pretrained(tmp_path).eval()
+    src, mask = source_batch(length=7)
+    generated = loaded.generate(
+        src, attention_mask=mask, num_beams=1, eos_token_id=-1, forced_eos_token_id=None
+    )
+    assert generated.shape[1] == 1 + 7 + 50  # start token + source length + 50
+    assert (generated[:, 1:] != PAD).all()  # pad is banned
+
+
+def test_output_attentions_returns_every_layer_and_site():
+    model = tiny_model()
+    src, mask = source_batch()
+    tgt = target_batch()
+    out = model(input_ids=src, attention_mask=mask, decoder_input_ids=tgt, output_attentions=True)
+    assert len(out.encoder_attentions) == len(out.decoder_attentions) == len(out.cross_attentions) == 2
+    assert out.encoder_attentions[0].shape == (3, 4, src.shape[1], src.shape[1])
+    assert out.cross_attentions[0].shape == (3, 4, tgt.shape[1], src.shape[1])
+    torch.testing.assert_close(out.decoder_attentions[1].sum(-1), torch.ones(3, 4, tgt.shape[1]))
+    assert out.decoder_attentions[0][..., 0, 1:].abs().max() == 0  # causal
+
+
+def test_loss_is_the_token_sum_divided_by_num_items_in_batch():
+    model = tiny_model()
+    src, mask = source_batch()
+    labels = target_batch()[:, 1:].clone()
+    labels[0, -2:] = -100
+    mean_loss = model(input_ids=src, attention_mask=mask, labels=labels).loss
+    tokens = int((labels != -100).sum())
+    scaled = model(
+        input_ids=src, attention_mask=mask, labels=labels, num_items_in_batch=torch.tensor(4 * tokens)
+    ).loss
+    torch.testing.assert_close(scaled, mean_loss / 4)
+
+
+def test_encoder_positions_ignore_left_padding():
+    """A token's position counts from its own sequence's start, whichever side the batch is padded on."""
+    model = tiny_model(position_encoding="learned")
+    src = torch.randint(2, VOCAB, (1, 6))
+    left_padded = torch.cat([torch.full((1, 3), PAD), src], dim=1)
+    left_mask = torch.cat([torch.zeros(1, 3, dtype=torch.long), torch.ones(1, 6, dtype=torch.long)], dim=1)
+    with torch.no_grad():
+        alone = model.get_encoder()(input_ids=src).last_hidden_state
+        padded = model.get_encoder()(input_ids=left_padded, attention_mask=left_mask).last_hidden_state
+    torch.testing.assert_close(padded[:, 3:], alone, atol=1e-5, rtol=1e-4)
