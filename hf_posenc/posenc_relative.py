@@ -55,8 +55,7 @@ class ShawRelativePositionEncoding(PositionEncoding):
     Efficiency (Sec. 3.3, the tensor2tensor reshaping idea): no (B, H, q, k, d_h) tensor is formed. The key
     term is q_i . w^K[r] for the 2k + 1 distances r, a (B, H, q, 2k+1) matmul, then gathered to (B, H, q, k);
     the value term sums the weights alpha_ij that fall on each clipped distance (a scatter-add into
-    (B, H, q, 2k+1)) and multiplies by w^V. Both are O(B H q (k + 2k+1) d_h) instead of O(B H q k d_h) extra
-    memory. In the decoder, the rows of positive distance (future keys) exist but never receive gradient.
+    (B, H, q, 2k+1)) and multiplies by w^V. The extra memory is (B, H, q, 2k+1), not (B, H, q, k, d_h).
     """
 
     has_custom_attention = True
