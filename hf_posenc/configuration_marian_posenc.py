@@ -85,6 +85,15 @@ class MarianPosEncConfig(MarianConfig):
     lightconv_kernel_radius: int = 16  # K: LightConv kernels have 2K+1 taps
     lightconv_weight_dropout: float = 0.1  # DropConnect on the softmax-normalised kernel (Wu et al. 2019)
 
+    # relative (posenc_relative.py)
+    max_relative_position: int = 16  # shaw: clipping distance k (Shaw et al. 2018: 16 base, 8 big)
+    relative_attention_num_buckets: int = 32  # t5_bias: buckets per stack (T5)
+    relative_attention_max_distance: int = 128  # t5_bias: distance where the last bucket starts (T5)
+    adaptive_t5_hidden_sizes: list[int] | tuple[int, ...] = (32, 4)  # adaptive_t5: MLP widths l1, l2
+    adaptive_t5_max_length: int = 1024  # adaptive_t5: L in alpha_h = ReLU(a_h) / L
+    adaptive_t5_every_layer: bool = False  # adaptive_t5: bias in every layer instead of the first only
+    rope_theta: float = 10000.0  # rope: base of the rotation frequencies (RoFormer)
+
     def __post_init__(self, **kwargs):
         shorthand = kwargs.pop("position_encoding", None)
         if shorthand is not None:

@@ -11,6 +11,13 @@ from .posenc_gated import APosNetAttention, RPosNetAttention
 from .posenc_mixers import FourierNet, GaussianNet, GLinearNet, LightConv, LinearNet
 from .posenc_posnet import PosNetAttention, PosNetEmbedding
 from .posenc_recurrent import MPRHeadPositionEncoding, RPEHeadPositionEncoding
+from .posenc_relative import (
+    AdaptiveT5PositionEncoding,
+    AlibiPositionEncoding,
+    RotaryPositionEncoding,
+    ShawRelativePositionEncoding,
+    T5BiasPositionEncoding,
+)
 
 POSITION_ENCODINGS = {
     "none": NoPositionEncoding,
@@ -20,6 +27,11 @@ POSITION_ENCODINGS = {
     "mpr_head": MPRHeadPositionEncoding,
     "posnet_embed": PosNetEmbedding,
     "posnet_attn": PosNetAttention,
+    "shaw": ShawRelativePositionEncoding,
+    "t5_bias": T5BiasPositionEncoding,
+    "adaptive_t5": AdaptiveT5PositionEncoding,
+    "alibi": AlibiPositionEncoding,
+    "rope": RotaryPositionEncoding,
 }
 
 TOKEN_MIXERS = {

@@ -70,6 +70,27 @@ EXTRA_VARIANTS: list[tuple[str, dict]] = [
         },
     ),
     ("attention-gated", {"attention_gating": True}),
+    (  # clipped Shaw distances and T5's logarithmic buckets are reached within the test lengths
+        "encoder-t5_bias-decoder-shaw-short-range",
+        {
+            "encoder_position_encoding": "t5_bias",
+            "decoder_position_encoding": "shaw",
+            "max_relative_position": 2,
+            "relative_attention_num_buckets": 8,
+            "relative_attention_max_distance": 8,
+        },
+    ),
+    (
+        "encoder-shaw-decoder-t5_bias-short-range",
+        {
+            "encoder_position_encoding": "shaw",
+            "decoder_position_encoding": "t5_bias",
+            "max_relative_position": 2,
+            "relative_attention_num_buckets": 8,
+            "relative_attention_max_distance": 8,
+        },
+    ),
+    ("adaptive_t5-every-layer", {"position_encoding": "adaptive_t5", "adaptive_t5_every_layer": True}),
 ]
 
 

@@ -1,0 +1,349 @@
+"""Relative and bias position encodings inside self-attention: Shaw RPE, T5 bias, Adaptive-T5, ALiBi, RoPE.
+
+None of them touches the embeddings and none has an absolute-length limit (no `max_positions`). All work
+from the explicit positions of the `PositionContext` (query i, key j, relative distance r = j - i), so
+incremental decoding uses query row t against keys 0..t exactly as the full forward does. Cross-attention
+gets no position encoding (its context carries none), as in all of these papers.
+
+* `"shaw"` — Shaw, Uszkoreit & Vaswani (NAACL 2018), Eq. 3-5: e_ij = q_i (k_j + a^K_ij)^T / sqrt(d_h) and
+  z_i = sum_j alpha_ij (v_j + a^V_ij), a_ij = w[clip(j - i, -k, k)]. The only scheme that cannot be a score
+  bias (the value term), so it runs its own attention (`attend`).
+* `"t5_bias"` — Raffel et al. (JMLR 2020), Sec. 2.1: a learned scalar per head and log-bucketed distance.
+* `"adaptive_t5"` — Wu et al. (AAAI 2021): T5's bias with learned soft buckets and a per-head MLP.
+* `"alibi"` — Press, Smith & Lewis (ICLR 2022), Sec. 3: bias -m_h |i - j| with fixed head slopes m_h.
+* `"rope"` — Su et al. (RoFormer, 2021), Eq. 13-16: queries and keys rotated by their position.
+
+The bias schemes return a (B|1, H, q, k) bias from `score_bias`, which content attention folds into the
+mask, so SDPA keeps its fused kernel.
+"""
+
+import math
+
+import torch
+from torch import nn
+from transformers import initialization as init
+
+from .posenc_base import ENCODER, PositionContext, PositionEncoding, additive_mask
+
+
+def relative_distances(context: PositionContext) -> torch.Tensor:
+    """r_ij = j - i for every query i and key j: (B|1, q, k), negative for keys in the past."""
+    return context.key_positions[:, None, :] - context.query_positions[:, :, None]
+
+
+def stack_heads_layers(config, stack: str) -> tuple[int, int]:
+    """(number of heads, number of layers) of a stack's self-attention."""
+    if stack == ENCODER:
+        return config.encoder_attention_heads, config.encoder_layers
+    return config.decoder_attention_heads, config.decoder_layers
+
+
+def require_positive(config, *fields: str) -> None:
+    for field in fields:
+        value = getattr(config, field)
+        if value <= 0:
+            raise ValueError(f"{field}={value} must be a positive integer.")
+
+
+class ShawRelativePositionEncoding(PositionEncoding):
+    """Shaw et al. 2018, Eq. 3-5 (relative position representations), separate key and value tables.
+
+    a^K_ij = w^K[clip(j - i, -k, k)] and a^V_ij = w^V[...] are learned per layer, shared across heads
+    (Sec. 3.3), each of shape (2k + 1, d_h); k = `config.max_relative_position` (16 for base in paper 1,
+    8 for big). Deviation from OpenNMT-py, which shares one table for keys and values: we keep Shaw's two.
+
+    Efficiency (Sec. 3.3, the tensor2tensor reshaping idea): no (B, H, q, k, d_h) tensor is formed. The key
+    term is q_i . w^K[r] for the 2k + 1 distances r, a (B, H, q, 2k+1) matmul, then gathered to (B, H, q, k);
+    the value term sums the weights alpha_ij that fall on each clipped distance (a scatter-add into
+    (B, H, q, 2k+1)) and multiplies by w^V. The extra memory is (B, H, q, 2k+1), not (B, H, q, k, d_h).
+    """
+
+    has_custom_attention = True
+
+    def __init__(self, config, stack):
+        super().__init__(config, stack)
+        heads, layers = stack_heads_layers(config, stack)
+        self.max_relative_position = config.max_relative_position
+        num_distances = 2 * self.max_relative_position + 1
+        head_dim = config.d_model // heads
+        self.key_tables = nn.Parameter(torch.empty(layers, num_distances, head_dim))  # w^K per layer
+        self.value_tables = nn.Parameter(torch.empty(layers, num_distances, head_dim))  # w^V per layer
+        self.reset_parameters()
+
+    @classmethod
+    def check_config(cls, config, stack):
+        require_positive(config, "max_relative_position")
+
+    def reset_parameters(self):
+        # tensor2tensor initialises the relative embeddings like other embeddings: N(0, d_h^-1/2).
+        std = self.key_tables.shape[-1] ** -0.5
+        init.normal_(self.key_tables, mean=0.0, std=std)
+        init.normal_(self.value_tables, mean=0.0, std=std)
+
+    def clipped_distance_index(self, context: PositionContext) -> torch.Tensor:
+        """Row of the tables for every (i, j): clip(j - i, -k, k) + k, (B|1, q, k)."""
+        k = self.max_relative_position
+        return relative_distances(context).clamp(-k, k) + k
+
+    def attend(self, module, query, key, value, attention_mask, context, dropout):
+        """Eq. 4-5 with Eq. 3's weights; returns (B, q, H, Dh) and the weights alpha (B, H, q, k)."""
+        batch, heads, query_length, _ = query.shape
+        index = self.clipped_distance_index(context)[:, None]  # (B|1, 1, q, k)
+        index = index.expand(batch, heads, query_length, key.shape[2])  # (B, H, q, k)
+        key_table = self.key_tables[module.layer_idx].to(query.dtype)  # (2k+1, Dh)
+        value_table = self.value_tables[module.layer_idx].to(query.dtype)  # (2k+1, Dh)
+
+        content = torch.matmul(query, key.transpose(2, 3))  # (B, H, q, k)
+        per_distance = torch.matmul(query, key_table.T)  # (B, H, q, 2k+1): q_i . w^K[r]
+        scores = (content + per_distance.gather(-1, index)) * module.scaling  # Eq. 4
+        scores = additive_mask(attention_mask, scores, context, module.is_causal)
+        weights = nn.functional.softmax(scores, dim=-1)
+        weights = nn.functional.dropout(weights, p=dropout, training=module.training)
+
+        weight_per_distance = torch.zeros_like(per_distance).scatter_add(
+            -1, index, weights
+        )  # (B, H, q, 2k+1)
+        output = torch.matmul(weights, value) + torch.matmul(weight_per_distance, value_table)  # Eq. 3
+        return output.transpose(1, 2).contiguous(), weights  # (B, q, H, Dh)
+
+
+def t5_relative_bucket(
+    relative: torch.Tensor, bidirectional: bool, num_buckets: int, max_distance: int
+) -> torch.Tensor:
+    """T5's bucket of a relative distance r = j - i (Raffel et al. 2020, Sec. 2.1).
+
+    Bidirectional: half the buckets for keys after the query (r > 0), half for the rest. Causal: only the
+    past, r <= 0, all future keys fall into bucket 0 (they are masked anyway). Within a half, distances below
+    half its size get a bucket each; larger ones share logarithmically wider buckets up to `max_distance`,
+    beyond which everything lands in the last bucket.
+    """
+    if bidirectional:
+        num_buckets //= 2
+        offset = (relative > 0).long() * num_buckets
+        distance = relative.abs()
+    else:
+        offset = torch.zeros_like(relative)
+        distance = (-relative).clamp(min=0)
+    exact = num_buckets // 2
+    # log(0) would be -inf: the clamp only touches distances that take the exact branch.
+    log_ratio = torch.log(distance.clamp(min=1).float() / exact) / math.log(max_distance / exact)
+    logarithmic = exact + (log_ratio * (num_buckets - exact)).long()
+    logarithmic = logarithmic.clamp(max=num_buckets - 1)
+    return offset + torch.where(distance < exact, distance, logarithmic)
+
+
+class T5BiasPositionEncoding(PositionEncoding):
+    """T5 relative attention bias: scores_h(i, j) += b_h[bucket(j - i)] (Raffel et al. 2020, Sec. 2.1).
+
+    One (num_buckets, H) table per stack, shared by all its layers as in T5; bidirectional buckets in the
+    encoder, causal ones in the decoder. Deviation: T5 does not scale q.k by 1/sqrt(d_h); Marian does, and
+    the bias is added after that scaling (the softmax sees content/sqrt(d_h) + bias). The bias is looked up
+    in every layer from the shared table (O(H q k), negligible next to attention), which keeps it correct
+    under gradient checkpointing.
+    """
+
+    def __init__(self, config, stack):
+        super().__init__(config, stack)
+        heads, _ = stack_heads_layers(config, stack)
+        self.num_buckets = config.relative_attention_num_buckets
+        self.max_distance = config.relative_attention_max_distance
+        self.bidirectional = stack == ENCODER
+        self.bias = nn.Embedding(self.num_buckets, heads)  # (buckets, H)
+        self.reset_parameters()
+
+    @classmethod
+    def check_config(cls, config, stack):
+        require_positive(config, "relative_attention_num_buckets", "relative_attention_max_distance")
+        # the smallest exact region is num_buckets / 4 (bidirectional) and must hold distance 0 and 1
+        if config.relative_attention_num_buckets < 8 or config.relative_attention_num_buckets % 4:
+            raise ValueError(
+                f"relative_attention_num_buckets={config.relative_attention_num_buckets} must be a multiple "
+                "of 4 and at least 8 (T5 uses 32)."
+            )
+        if config.relative_attention_max_distance <= config.relative_attention_num_buckets // 2:
+            raise ValueError(
+                f"relative_attention_max_distance={config.relative_attention_max_distance} must exceed half "
+                f"of relative_attention_num_buckets={config.relative_attention_num_buckets}."
+            )
+
+    def reset_parameters(self):
+        # T5's initialisation of the relative attention bias: N(0, d_model^-1/2).
+        init.normal_(self.bias.weight, mean=0.0, std=self.config.d_model**-0.5)
+
+    def score_bias(self, layer_idx, context):
+        buckets = t5_relative_bucket(
+            relative_distances(context), self.bidirectional, self.num_buckets, self.max_distance
+        )  # (B|1, q, k)
+        return self.bias(buckets).permute(0, 3, 1, 2)  # (B|1, H, q, k)
+
+
+class AdaptiveT5PositionEncoding(PositionEncoding):
+    """Adaptive-T5 (Wu et al., AAAI 2021): T5's bias with learned soft buckets, as restated in issue 3.
+
+    With r = j - i, head h:  f_h(r) = 1 - exp(-alpha_h r) for r > 0 and f_h(r) = 1 - exp(beta_h r) for
+    r <= 0, where alpha_h = ReLU(a_h) / L and beta_h = ReLU(b_h) / L, L = `adaptive_t5_max_length`, a_h and
+    b_h initialised uniform in [1, 15]. The bias is bias_h(i, j) = g_h^{sign r}(f_h(r)), a per-head,
+    per-direction MLP 1 -> l1 -> l2 -> 1 with sigmoid hidden activations (l1, l2 =
+    `adaptive_t5_hidden_sizes`, 32 and 4 in the authors' MT setup), added after the 1/sqrt(d_h) scaling.
+    Encoder and decoder have their own parameters. The decoder is causal: only the r <= 0 direction exists
+    there (the r > 0 one could never receive a gradient). By default only the first layer gets the bias (the
+    authors' choice); `adaptive_t5_every_layer=True` gives every layer its own parameters.
+
+    The bias depends on r only, so the MLP runs over the distinct distances (at most q + k - 1 per head)
+    and is then gathered to (B|1, H, q, k). Deviation from the authors' released code: it slices the
+    decoder bias to [:1, :1] during incremental inference, dropping the positional signal at test time; here
+    query row t sees keys 0..t exactly as in training. L defaults to 1024, fairseq's maximum source length
+    (an assumption: the paper's restatement only says "max length").
+    """
+
+    def __init__(self, config, stack):
+        super().__init__(config, stack)
+        heads, layers = stack_heads_layers(config, stack)
+        self.every_layer = config.adaptive_t5_every_layer
+        self.max_length = config.adaptive_t5_max_length
+        self.bidirectional = stack == ENCODER
+        tables = layers if self.every_layer else 1
+        directions = 2 if self.bidirectional else 1  # index 0: r <= 0, index 1: r > 0
+        first, second = config.adaptive_t5_hidden_sizes
+        shape = (tables, directions, heads)
+        self.decay = nn.Parameter(torch.empty(*shape))  # b_h (direction 0) and a_h (direction 1)
+        self.hidden1_weight = nn.Parameter(torch.empty(*shape, first))
+        self.hidden1_bias = nn.Parameter(torch.empty(*shape, first))
+        self.hidden2_weight = nn.Parameter(torch.empty(*shape, first, second))
+        self.hidden2_bias = nn.Parameter(torch.empty(*shape, second))
+        self.output_weight = nn.Parameter(torch.empty(*shape, second))
+        self.output_bias = nn.Parameter(torch.empty(*shape))
+        self.reset_parameters()
+
+    @classmethod
+    def check_config(cls, config, stack):
+        require_positive(config, "adaptive_t5_max_length")
+        sizes = config.adaptive_t5_hidden_sizes
+        if len(sizes) != 2 or min(sizes) <= 0:
+            raise ValueError(f"adaptive_t5_hidden_sizes={sizes} must be two positive integers (l1, l2).")
+
+    def reset_parameters(self):
+        init.uniform_(self.decay, 1.0, 15.0)
+        # nn.Linear's default bounds, 1/sqrt(fan_in), for each per-head linear layer
+        for weight, bias, fan_in in (
+            (self.hidden1_weight, self.hidden1_bias, 1),
+            (self.hidden2_weight, self.hidden2_bias, self.hidden2_weight.shape[-2]),
+            (self.output_weight, self.output_bias, self.output_weight.shape[-1]),
+        ):
+            bound = fan_in**-0.5
+            init.uniform_(weight, -bound, bound)
+            init.uniform_(bias, -bound, bound)
+
+    def bias_per_distance(self, table: int, distances: torch.Tensor) -> torch.Tensor:
+        """bias_h(r) for distances r (R,): (H, R)."""
+        dtype = self.decay.dtype
+        rate = nn.functional.relu(self.decay[table]) / self.max_length  # (dirs, H)
+        # f = 1 - exp(-alpha r) for r > 0 and 1 - exp(beta r) = 1 - exp(-beta |r|) for r <= 0
+        soft_bucket = 1 - torch.exp(-rate[..., None] * distances.abs().to(dtype))  # (dirs, H, R)
+        hidden = torch.sigmoid(
+            soft_bucket[..., None] * self.hidden1_weight[table, :, :, None]
+            + self.hidden1_bias[table, :, :, None]
+        )  # (dirs, H, R, l1)
+        hidden = torch.sigmoid(
+            torch.matmul(hidden, self.hidden2_weight[table]) + self.hidden2_bias[table, :, :, None]
+        )  # (dirs, H, R, l2)
+        bias = torch.matmul(hidden, self.output_weight[table, ..., None])[..., 0]  # (dirs, H, R)
+        bias = bias + self.output_bias[table, :, :, None]
+        if not self.bidirectional:
+            return bias[0]
+        return torch.where(distances > 0, bias[1], bias[0])  # (H, R)
+
+    def score_bias(self, layer_idx, context):
+        if layer_idx > 0 and not self.every_layer:
+            return None
+        relative = relative_distances(context)  # (B|1, q, k)
+        nearest, farthest = int(relative.min()), int(relative.max())
+        distances = torch.arange(nearest, farthest + 1, device=relative.device)  # (R,)
+        bias = self.bias_per_distance(layer_idx if self.every_layer else 0, distances)  # (H, R)
+        return bias[:, relative - nearest].movedim(0, 1)  # (B|1, H, q, k)
+
+
+def alibi_slopes(num_heads: int) -> torch.Tensor:
+    """ALiBi head slopes m_h (Press et al. 2022, Sec. 3): the geometric sequence 2^(-8/H), 2^(-16/H), ...
+
+    For a head count that is not a power of two, the slopes of the nearest smaller power of two are followed
+    by every other slope of the next larger one (the authors' recipe).
+    """
+    power = 2 ** math.floor(math.log2(num_heads))
+    slopes = [2 ** (-8 * (h + 1) / power) for h in range(power)]
+    if power < num_heads:
+        slopes += [2 ** (-8 * (h + 1) / (2 * power)) for h in range(0, 2 * (num_heads - power), 2)]
+    return torch.tensor(slopes)
+
+
+class AlibiPositionEncoding(PositionEncoding):
+    """ALiBi (Press et al. 2022, Sec. 3, Fig. 3): scores_h(i, j) += -m_h |i - j|, no parameters.
+
+    The decoder uses the paper's causal form, -m_h (i - j) for j <= i. The encoder uses the symmetric
+    -m_h |i - j|: the paper only tested causal language models, so this bidirectional form is our extension
+    (it is the natural one, and the one BLOOM-style encoders use).
+    """
+
+    def __init__(self, config, stack):
+        super().__init__(config, stack)
+        heads, _ = stack_heads_layers(config, stack)
+        self.num_heads = heads
+        self.register_buffer("slopes", alibi_slopes(heads), persistent=False)  # (H,)
+
+    def reset_parameters(self):
+        init.copy_(self.slopes, alibi_slopes(self.num_heads))
+
+    def score_bias(self, layer_idx, context):
+        distance = relative_distances(context).abs()  # (B|1, q, k); |i - j| = i - j for the causal keys
+        return -self.slopes[:, None, None] * distance[:, None]  # (B|1, H, q, k)
+
+
+def rope_inverse_frequencies(head_dim: int, theta: float) -> torch.Tensor:
+    """theta_i = theta^(-2i/d_h), i = 0..d_h/2 - 1 (RoFormer Eq. 15): (d_h/2,)."""
+    return theta ** (-torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim).float()
+
+
+class RotaryPositionEncoding(PositionEncoding):
+    """RoPE (Su et al. 2021, Eq. 13-16): q_m -> R_m q_m and k_n -> R_n k_n, so q.k depends on n - m only.
+
+    Each pair of features (x_i, x_{i + d_h/2}) is rotated by the angle pos * theta_i: the "rotate half"
+    pairing of GPT-NeoX/Llama rather than RoFormer's adjacent pairs, an equivalent permutation of the
+    features. theta = `rope_theta` (10000). Applied to self-attention queries and keys only; keys are
+    rotated before they enter the cache, so each decoding step rotates its own query and key.
+    """
+
+    def __init__(self, config, stack):
+        super().__init__(config, stack)
+        heads, _ = stack_heads_layers(config, stack)
+        self.head_dim = config.d_model // heads
+        self.register_buffer(
+            "inverse_frequencies",
+            rope_inverse_frequencies(self.head_dim, config.rope_theta),
+            persistent=False,
+        )  # (Dh/2,)
+
+    @classmethod
+    def check_config(cls, config, stack):
+        heads, _ = stack_heads_layers(config, stack)
+        if (config.d_model // heads) % 2:
+            raise ValueError(
+                f"rope needs an even head dimension; d_model={config.d_model} / {stack}_attention_heads={heads} "
+                f"= {config.d_model // heads}."
+            )
+        if config.rope_theta <= 0:
+            raise ValueError(f"rope_theta={config.rope_theta} must be positive.")
+
+    def reset_parameters(self):
+        init.copy_(self.inverse_frequencies, rope_inverse_frequencies(self.head_dim, self.config.rope_theta))
+
+    def rotate(self, states: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """(B, H, L, Dh) rotated by positions (B|1, L)."""
+        angles = positions[:, None, :, None].float() * self.inverse_frequencies  # (B|1, 1, L, Dh/2)
+        cos, sin = angles.cos(), angles.sin()
+        first, second = states.float().chunk(2, dim=-1)  # (B, H, L, Dh/2) each
+        rotated = torch.cat((first * cos - second * sin, second * cos + first * sin), dim=-1)
+        return rotated.to(states.dtype)  # (B, H, L, Dh)
+
+    def rotate_queries_keys(self, layer_idx, query, key, context):
+        key_positions = context.key_positions[:, -key.shape[2] :]  # the new keys only
+        return self.rotate(query, context.query_positions), self.rotate(key, key_positions)
