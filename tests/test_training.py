@@ -35,9 +35,9 @@ LOAD_WITHOUT_PACKAGE = textwrap.dedent(
 def test_tiny_training_run_writes_a_hub_ready_folder_that_loads_without_the_package(
     multi30k_dir, tmp_path, capsys
 ):
-    output = tmp_path / "run"
+    output, dry_run = tmp_path / "run", tmp_path / "upload"
     scores = train.main([*TINY, "--data_dir", str(multi30k_dir), "--position_encoding", "learned",
-                         "--output_dir", str(output)])  # fmt: skip
+                         "--output_dir", str(output), "--hub_dry_run", str(dry_run)])  # fmt: skip
     printed = capsys.readouterr().out
     assert "BLEU" in printed and "nrefs:1|case:mixed|eff:no|tok:13a" in printed and "chrF++" in printed
     assert scores["steps"] == 30 and scores["test_pairs"] == 40
@@ -58,9 +58,12 @@ def test_tiny_training_run_writes_a_hub_ready_folder_that_loads_without_the_pack
     assert config["encoder_position_encoding"] == "learned"
     card = (output / "README.md").read_text()
     assert card.startswith("---\n") and "model-index:" in card and f"value: {scores['bleu']}" in card
+    assert "library_name: transformers" in card and "position-encoding-learned" in card
+    assert "Gehring et al. 2017" in card and "trust_remote_code=True" in card and scores["bleu_signature"] in card
+    assert sorted(p.name for p in dry_run.iterdir()) == sorted(p.name for p in output.iterdir())
     assert len((output / "test.hyp.de").read_text().splitlines()) == 40
 
-    completed = subprocess.run([sys.executable, "-c", LOAD_WITHOUT_PACKAGE, str(output)], capture_output=True,
+    completed = subprocess.run([sys.executable, "-c", LOAD_WITHOUT_PACKAGE, str(dry_run)], capture_output=True,
                                text=True, timeout=300, cwd=tmp_path)  # fmt: skip
     assert completed.returncode == 0, completed.stderr[-3000:]
     loaded = json.loads(completed.stdout.strip().splitlines()[-1])
@@ -85,3 +88,14 @@ def test_default_recipe_learns_to_translate_in_a_few_minutes(multi30k_dir, tmp_p
     scores = train.main(["--data_dir", str(multi30k_dir), "--minutes", "4", "--test_limit", "300",
                          "--output_dir", str(tmp_path / "default")])  # fmt: skip
     assert scores["bleu"] > 10, scores
+
+
+def test_validation_during_training_scores_through_the_local_evaluate_metric(multi30k_dir, tmp_path):
+    """compute_metrics goes through train_scripts/metrics/translation_scores (the Hub metric needs network)."""
+    output = tmp_path / "run"
+    train.main([*TINY, "--data_dir", str(multi30k_dir), "--max_steps", "4", "--eval_steps", "4", "--eval_bleu",
+                "--save_steps", "4", "--output_dir", str(output)])  # fmt: skip
+    state = json.loads((tmp_path / "run-checkpoints" / "checkpoint-4" / "trainer_state.json").read_text())
+    evaluation = [entry for entry in state["log_history"] if "eval_loss" in entry]
+    assert evaluation and {"eval_bleu", "eval_chrf++"} <= evaluation[0].keys()
+    assert 0 <= evaluation[0]["eval_chrf++"] <= 100

@@ -44,7 +44,7 @@ from hf_posenc.averaging import average_state_dicts, select_checkpoints
 from hf_posenc.batching import TokenBudgetBatchSampler
 from hf_posenc.data import ParallelText, read_hf_translation, read_parallel, read_split
 from hf_posenc.evaluation import score_translations, translate
-from hf_posenc.model_card import write_model_card
+from hf_posenc.model_card import MULTI30K_NOTE, write_model_card
 from hf_posenc.tokenization import train_joint_bpe
 from hf_posenc.training import TimeBudgetCallback, TokenBudgetSeq2SeqTrainer, tokenize_parallel
 
@@ -121,6 +121,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--average_best", type=int, default=0, help="average the best-perplexity one + followers"
     )
     train.add_argument("--resume_from_checkpoint", default=None, help="a checkpoint folder, or 'last'")
+    train.add_argument("--attention_backend", choices=["auto", "eager", "sdpa"], default="auto",
+                       help="auto: eager for bf16 on CPU (measured ~20%% faster: SDPA's CPU backward is slow), "
+                       "else sdpa; stock_marian keeps transformers' default")  # fmt: skip
     train.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: all cores)")
     train.add_argument("--seed", type=int, default=1)
     train.add_argument("--report_to", default="auto", help="'auto': tensorboard/trackio when installed")
@@ -183,7 +186,15 @@ def load_split(args, split: str, limit=None) -> ParallelText:
                       empty_lines=args.empty_lines, limit=limit)  # fmt: skip
 
 
-def build_model(args, tokenizer):
+def attention_backend(args, precision: str) -> str | None:
+    if args.attention_backend != "auto":
+        return args.attention_backend
+    if args.architecture == "stock_marian":
+        return None
+    return "eager" if precision == "bf16" and not torch.cuda.is_available() else "sdpa"
+
+
+def build_model(args, tokenizer, backend: str | None):
     dims = dict(
         vocab_size=len(tokenizer),
         d_model=args.d_model,
@@ -202,6 +213,8 @@ def build_model(args, tokenizer):
         eos_token_id=tokenizer.eos_token_id,
         forced_eos_token_id=tokenizer.eos_token_id,
     )
+    if backend is not None:
+        dims["attn_implementation"] = backend
     torch.manual_seed(args.seed)
     if args.architecture == "stock_marian":
         return MarianMTModel(MarianConfig(**dims))
@@ -277,10 +290,14 @@ def main(argv=None):
     if args.eval_steps:
         valid_text = load_split(args, "valid")
         valid_dataset = tokenize_parallel(tokenizer, valid_text.source, valid_text.target, args.max_length)
-    model = build_model(args, tokenizer)
+    model = build_model(args, tokenizer, attention_backend(args, precision))
     parameters = sum(p.numel() for p in model.parameters())
     logger.info(
-        "model: %s, %.2fM parameters, precision %s", type(model).__name__, parameters / 1e6, precision
+        "model: %s, %.2fM parameters, precision %s, attention %s",
+        type(model).__name__,
+        parameters / 1e6,
+        precision,
+        model.config._attn_implementation,
     )
     if args.architecture == "marian_posenc":
         sampler = TokenBudgetBatchSampler(train_dataset["length"], args.max_tokens, seed=args.seed)
@@ -354,6 +371,7 @@ def main(argv=None):
         parameters=parameters,
         architecture=args.architecture,
         precision=precision,
+        attention_backend=model.config._attn_implementation,
         threads=torch.get_num_threads(),
         averaged_checkpoints=averaged,
         test_set=test_text.name,
@@ -377,6 +395,11 @@ def main(argv=None):
         target_lang=args.target_lang,
         parameters=f"{parameters / 1e6:.2f}M",
         repo_or_folder=args.hub_model_id or str(output_dir),
+        dataset=args.hf_dataset or repo_path(args.data_dir).name,
+        test_split=Path(test_text.name.split(" / ")[0]).name,
+        data_note=MULTI30K_NOTE
+        if "multi30k" in args.recipe and not args.train_source
+        else f"Training data: {train_text.name} ({len(train_text)} pairs). Test: {test_text.name}.",
         training=(
             f"recipe `{args.recipe}`: {steps} updates in {train_minutes:.1f} min, {precision}, {batching} per batch"
             f" x {args.update_freq}, lr {args.learning_rate} inverse-sqrt (warm-up {args.warmup_steps}), "
