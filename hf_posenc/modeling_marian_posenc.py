@@ -178,21 +178,28 @@ class MarianPosEncPreTrainedModel(PreTrainedModel):
         self.config.position_attention_precomputed = True
 
 
-class MarianPosEncEncoder(MarianPosEncPreTrainedModel):
-    """Token embeddings -> position encoding -> `config.encoder_layers` encoder layers."""
+class MarianPosEncStack(MarianPosEncPreTrainedModel):
+    """What encoder and decoder share: scaled token embeddings, the stack's position encoding, its layers."""
 
-    def __init__(self, config: MarianPosEncConfig, embed_tokens: nn.Embedding | None = None):
+    def __init__(self, config, stack: str, layer_class, num_layers: int, vocab_size: int, embed_tokens=None):
         super().__init__(config)
         self.dropout = config.dropout
         self.embed_scale = math.sqrt(config.d_model) if config.scale_embedding else 1.0
-        self.embed_tokens = embed_tokens or nn.Embedding(
-            config.vocab_size, config.d_model, config.pad_token_id
+        self.embed_tokens = embed_tokens or nn.Embedding(vocab_size, config.d_model, config.pad_token_id)
+        self.position_encoding = POSITION_ENCODINGS[getattr(config, f"{stack}_position_encoding")](
+            config, stack
         )
-        self.position_encoding = POSITION_ENCODINGS[config.encoder_position_encoding](config, ENCODER)
-        self.layers = nn.ModuleList(
-            [MarianPosEncEncoderLayer(config, i) for i in range(config.encoder_layers)]
-        )
+        self.layers = nn.ModuleList([layer_class(config, i) for i in range(num_layers)])
         self.gradient_checkpointing = False
+
+
+class MarianPosEncEncoder(MarianPosEncStack):
+    """Token embeddings -> position encoding -> `config.encoder_layers` encoder layers."""
+
+    def __init__(self, config: MarianPosEncConfig, embed_tokens: nn.Embedding | None = None):
+        super().__init__(
+            config, ENCODER, MarianPosEncEncoderLayer, config.encoder_layers, config.vocab_size, embed_tokens
+        )
         self.post_init()
 
     def forward(
@@ -234,21 +241,18 @@ class MarianPosEncEncoder(MarianPosEncPreTrainedModel):
         )
 
 
-class MarianPosEncDecoder(MarianPosEncPreTrainedModel):
+class MarianPosEncDecoder(MarianPosEncStack):
     """Token embeddings -> position encoding -> `config.decoder_layers` decoder layers, with a cache."""
 
     def __init__(self, config: MarianPosEncConfig, embed_tokens: nn.Embedding | None = None):
-        super().__init__(config)
-        self.dropout = config.dropout
-        self.embed_scale = math.sqrt(config.d_model) if config.scale_embedding else 1.0
-        self.embed_tokens = embed_tokens or nn.Embedding(
-            config.decoder_vocab_size, config.d_model, config.pad_token_id
+        super().__init__(
+            config,
+            DECODER,
+            MarianPosEncDecoderLayer,
+            config.decoder_layers,
+            config.decoder_vocab_size,
+            embed_tokens,
         )
-        self.position_encoding = POSITION_ENCODINGS[config.decoder_position_encoding](config, DECODER)
-        self.layers = nn.ModuleList(
-            [MarianPosEncDecoderLayer(config, i) for i in range(config.decoder_layers)]
-        )
-        self.gradient_checkpointing = False
         self.post_init()
 
     def forward(

@@ -33,6 +33,7 @@ from .posenc_base import (
     PositionContext,
     TokenMixer,
     additive_mask,
+    causal_mask,
     check_max_positions,
 )
 
@@ -40,9 +41,7 @@ from .posenc_base import (
 def allowed_keys(attention_mask, context: PositionContext, is_causal: bool) -> torch.Tensor | None:
     """Boolean (B|1, 1, q, k) "query may read key" from any of transformers' masks, or None (all allowed)."""
     if attention_mask is None:
-        if not is_causal:
-            return None
-        return context.key_positions[:, None, None, :] <= context.query_positions[:, None, :, None]
+        return causal_mask(context) if is_causal else None
     if attention_mask.dtype == torch.bool:
         return attention_mask
     return attention_mask == 0  # eager float masks hold 0 where allowed and the dtype's minimum elsewhere
