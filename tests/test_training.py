@@ -59,7 +59,11 @@ def test_tiny_training_run_writes_a_hub_ready_folder_that_loads_without_the_pack
     card = (output / "README.md").read_text()
     assert card.startswith("---\n") and "model-index:" in card and f"value: {scores['bleu']}" in card
     assert "library_name: transformers" in card and "position-encoding-learned" in card
-    assert "Gehring et al. 2017" in card and "trust_remote_code=True" in card and scores["bleu_signature"] in card
+    assert (
+        "Gehring et al. 2017" in card
+        and "trust_remote_code=True" in card
+        and scores["bleu_signature"] in card
+    )
     assert sorted(p.name for p in dry_run.iterdir()) == sorted(p.name for p in output.iterdir())
     assert len((output / "test.hyp.de").read_text().splitlines()) == 40
 
@@ -83,19 +87,7 @@ def test_missing_data_folder_is_reported_with_the_file_it_looked_for(tmp_path):
 
 
 @pytest.mark.slow
-def test_default_recipe_learns_to_translate_in_a_few_minutes(multi30k_dir, tmp_path):
-    """The default recipe (d256, 3+3, bf16, token batches) for 4 minutes: well above chance."""
-    scores = train.main(["--data_dir", str(multi30k_dir), "--minutes", "4", "--test_limit", "300",
-                         "--output_dir", str(tmp_path / "default")])  # fmt: skip
-    assert scores["bleu"] > 10, scores
-
-
-def test_validation_during_training_scores_through_the_local_evaluate_metric(multi30k_dir, tmp_path):
-    """compute_metrics goes through train_scripts/metrics/translation_scores (the Hub metric needs network)."""
-    output = tmp_path / "run"
-    train.main([*TINY, "--data_dir", str(multi30k_dir), "--max_steps", "4", "--eval_steps", "4", "--eval_bleu",
-                "--save_steps", "4", "--output_dir", str(output)])  # fmt: skip
-    state = json.loads((tmp_path / "run-checkpoints" / "checkpoint-4" / "trainer_state.json").read_text())
-    evaluation = [entry for entry in state["log_history"] if "eval_loss" in entry]
-    assert evaluation and {"eval_bleu", "eval_chrf++"} <= evaluation[0].keys()
-    assert 0 <= evaluation[0]["eval_chrf++"] <= 100
+def test_default_recipe_reaches_the_measured_quality(multi30k_dir, tmp_path):
+    """`make train`'s recipe for its full 16 minutes: measured 30.2 BLEU on one loaded thread (README)."""
+    scores = train.main(["--data_dir", str(multi30k_dir), "--output_dir", str(tmp_path / "default")])
+    assert scores["total_minutes"] <= 20 and scores["bleu"] > 25, scores
