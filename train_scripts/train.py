@@ -353,6 +353,8 @@ def main(argv=None):
     train_result = trainer.train(resume_from_checkpoint=True if resume == "last" else resume)
     train_minutes = (time.monotonic() - train_started) / 60
     steps = train_result.global_step
+    if not trainer.is_world_process_zero():
+        return None  # one process evaluates and writes the folder
     averaged = average_into(model, checkpoints_dir, args) if args.average_last or args.average_best else []
 
     decode_started = time.monotonic()
