@@ -23,7 +23,7 @@ import torch
 from torch import nn
 from transformers import initialization as init
 
-from .posenc_base import ENCODER, PositionContext, PositionEncoding, additive_mask
+from .posenc_base import ENCODER, PositionContext, PositionEncoding, causal_mask
 
 
 def relative_distances(context: PositionContext) -> torch.Tensor:
@@ -45,6 +45,95 @@ def require_positive(config, *fields: str) -> None:
             raise ValueError(f"{field}={value} must be a positive integer.")
 
 
+class ShawAttentionFunction(torch.autograd.Function):
+    """Shaw attention (Eq. 3-5) that keeps no (B, H, q, k) tensor for backward: it recomputes the weights.
+
+    Autograd through the plain formula saves the softmax output and the dropped-out weights of every layer,
+    (B, H, q, k) each, which content attention's fused SDPA kernel never stores. Here forward saves only
+    queries, keys, values, the two tables, the distance index (one byte per (i, j)), the mask and the row
+    log-sum-exp (B, H, q, 1), and backward recomputes alpha = exp(scores - logsumexp) from them (one more
+    q.k^T and q.w^K product per layer); with attention dropout it also keeps the (B, H, q, k) boolean
+    keep-mask, a byte per weight.
+
+    Gradients, with S the scaled scores, alpha = softmax(S), alpha' = dropout(alpha), dZ the output gradient:
+    dalpha' = dZ V^T + (dZ w^V^T)[r_ij];  dS = alpha (dalpha - sum_j alpha dalpha) (softmax);
+    dQ = (dS K + scatter_r(dS) w^K) s;  dK = dS^T Q s;  dV = alpha'^T dZ;  dw^K = scatter_r(dS)^T Q s;
+    dw^V = scatter_r(alpha')^T dZ, where scatter_r sums a (B, H, q, k) tensor over the keys at each clipped
+    distance r, giving (B, H, q, 2k+1).
+    """
+
+    @staticmethod
+    def forward(ctx, query, key, value, key_table, value_table, index, mask, scaling, dropout):
+        """query (B, H, q, Dh), key/value (B, H, k, Dh), tables (2k+1, Dh), index (B|1, 1, q, k) clipped
+        distance rows, mask None / bool (True = attend) / float additive, broadcastable to (B, H, q, k).
+        Returns the output (B, H, q, Dh) and the (dropped-out) weights alpha' (B, H, q, k)."""
+        compact_index = index.to(torch.uint8 if key_table.shape[0] <= 256 else torch.int32)  # saved: 1 byte
+        index = index.expand(*query.shape[:3], key.shape[2])  # (B, H, q, k)
+        scores = shaw_scores(query, key, key_table, index, mask, scaling)  # (B, H, q, k)
+        log_normaliser = torch.logsumexp(scores, dim=-1, keepdim=True)  # (B, H, q, 1)
+        weights = torch.exp(scores - log_normaliser)
+        keep = None
+        if dropout > 0:
+            keep = torch.rand_like(weights) >= dropout  # (B, H, q, k) bool
+            weights = weights * keep / (1 - dropout)
+        weights = weights.to(value.dtype)
+        output = torch.matmul(weights, value) + torch.matmul(
+            per_distance_sum(weights, index, key_table.shape[0]), value_table
+        )  # Eq. 3
+        ctx.save_for_backward(
+            query, key, value, key_table, value_table, compact_index, mask, log_normaliser, keep
+        )
+        ctx.scaling, ctx.dropout = scaling, dropout
+        ctx.mark_non_differentiable(weights)
+        return output, weights
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad_output, _grad_weights):
+        query, key, value, key_table, value_table, compact_index, mask, log_normaliser, keep = (
+            ctx.saved_tensors
+        )
+        index = compact_index.long().expand(*query.shape[:3], key.shape[2])  # (B, H, q, k)
+        distances = key_table.shape[0]
+        weights = torch.exp(shaw_scores(query, key, key_table, index, mask, ctx.scaling) - log_normaliser)
+        dropped = weights if keep is None else weights * keep / (1 - ctx.dropout)
+        dropped = dropped.to(value.dtype)  # (B, H, q, k)
+        grad_value = torch.matmul(dropped.transpose(2, 3), grad_output)  # (B, H, k, Dh)
+        grad_value_table = torch.einsum(
+            "bhqr,bhqd->rd", per_distance_sum(dropped, index, distances), grad_output
+        )  # (2k+1, Dh)
+        grad_dropped = torch.matmul(grad_output, value.transpose(2, 3)) + torch.matmul(
+            grad_output, value_table.T
+        ).gather(-1, index)  # (B, H, q, k)
+        grad_weights = (
+            grad_dropped.float() if keep is None else grad_dropped.float() * keep / (1 - ctx.dropout)
+        )
+        grad_scores = weights * (grad_weights - (weights * grad_weights).sum(-1, keepdim=True))
+        grad_scores = (grad_scores * ctx.scaling).to(query.dtype)  # (B, H, q, k)
+        grad_per_distance = per_distance_sum(grad_scores, index, distances)  # (B, H, q, 2k+1)
+        grad_query = torch.matmul(grad_scores, key) + torch.matmul(grad_per_distance, key_table)
+        grad_key = torch.matmul(grad_scores.transpose(2, 3), query)
+        grad_key_table = torch.einsum("bhqr,bhqd->rd", grad_per_distance, query)
+        return grad_query, grad_key, grad_value, grad_key_table, grad_value_table, *(None,) * 4
+
+
+def shaw_scores(query, key, key_table, index, mask, scaling) -> torch.Tensor:
+    """Eq. 4 with the mask applied: (q_i k_j^T + q_i w^K[r_ij]^T) * scaling, (B, H, q, k), at least float32."""
+    scores = torch.matmul(query, key.transpose(2, 3))  # (B, H, q, k)
+    scores = scores + torch.matmul(query, key_table.T).gather(-1, index)
+    scores = scores.to(torch.promote_types(scores.dtype, torch.float32)) * scaling
+    if mask is None:
+        return scores
+    if mask.dtype == torch.bool:
+        return scores.masked_fill(~mask, torch.finfo(scores.dtype).min)
+    return scores + mask
+
+
+def per_distance_sum(weights: torch.Tensor, index: torch.Tensor, distances: int) -> torch.Tensor:
+    """Sum of (B, H, q, k) weights over the keys at each clipped distance: (B, H, q, 2k+1)."""
+    return weights.new_zeros(*weights.shape[:3], distances).scatter_add_(-1, index, weights)
+
+
 class ShawRelativePositionEncoding(PositionEncoding):
     """Shaw et al. 2018, Eq. 3-5 (relative position representations), separate key and value tables.
 
@@ -55,7 +144,8 @@ class ShawRelativePositionEncoding(PositionEncoding):
     Efficiency (Sec. 3.3, the tensor2tensor reshaping idea): no (B, H, q, k, d_h) tensor is formed. The key
     term is q_i . w^K[r] for the 2k + 1 distances r, a (B, H, q, 2k+1) matmul, then gathered to (B, H, q, k);
     the value term sums the weights alpha_ij that fall on each clipped distance (a scatter-add into
-    (B, H, q, 2k+1)) and multiplies by w^V. The extra memory is (B, H, q, 2k+1), not (B, H, q, k, d_h).
+    (B, H, q, 2k+1)) and multiplies by w^V. `ShawAttentionFunction` recomputes the weights in backward, so,
+    like SDPA, a layer keeps no (B, H, q, k) float tensor for the backward pass.
     """
 
     has_custom_attention = True
@@ -86,24 +176,20 @@ class ShawRelativePositionEncoding(PositionEncoding):
         return relative_distances(context).clamp(-k, k) + k
 
     def attend(self, module, query, key, value, attention_mask, context, dropout):
-        """Eq. 4-5 with Eq. 3's weights; returns (B, q, H, Dh) and the weights alpha (B, H, q, k)."""
-        batch, heads, query_length, _ = query.shape
-        index = self.clipped_distance_index(context)[:, None]  # (B|1, 1, q, k)
-        index = index.expand(batch, heads, query_length, key.shape[2])  # (B, H, q, k)
-        key_table = self.key_tables[module.layer_idx].to(query.dtype)  # (2k+1, Dh)
-        value_table = self.value_tables[module.layer_idx].to(query.dtype)  # (2k+1, Dh)
-
-        content = torch.matmul(query, key.transpose(2, 3))  # (B, H, q, k)
-        per_distance = torch.matmul(query, key_table.T)  # (B, H, q, 2k+1): q_i . w^K[r]
-        scores = (content + per_distance.gather(-1, index)) * module.scaling  # Eq. 4
-        scores = additive_mask(attention_mask, scores, context, module.is_causal)
-        weights = nn.functional.softmax(scores, dim=-1)
-        weights = nn.functional.dropout(weights, p=dropout, training=module.training)
-
-        weight_per_distance = torch.zeros_like(per_distance).scatter_add(
-            -1, index, weights
-        )  # (B, H, q, 2k+1)
-        output = torch.matmul(weights, value) + torch.matmul(weight_per_distance, value_table)  # Eq. 3
+        """Eq. 3-5 through `ShawAttentionFunction`; returns (B, q, H, Dh) and the weights alpha (B, H, q, k)."""
+        if attention_mask is None and module.is_causal:
+            attention_mask = causal_mask(context)  # (B|1, 1, q, k)
+        output, weights = ShawAttentionFunction.apply(
+            query,
+            key,
+            value,
+            self.key_tables[module.layer_idx].to(query.dtype),  # (2k+1, Dh)
+            self.value_tables[module.layer_idx].to(query.dtype),  # (2k+1, Dh)
+            self.clipped_distance_index(context)[:, None],  # (B|1, 1, q, k)
+            attention_mask,
+            module.scaling,
+            dropout,
+        )
         return output.transpose(1, 2).contiguous(), weights  # (B, q, H, Dh)
 
 
