@@ -31,6 +31,14 @@ def relative_distances(context: PositionContext) -> torch.Tensor:
     return context.key_positions[:, None, :] - context.query_positions[:, :, None]
 
 
+def distinct_distances(context: PositionContext) -> tuple[torch.Tensor, torch.Tensor]:
+    """The distances r = j - i a context contains, as a range (R,) with R <= q + k - 1, and the entry of every
+    (i, j) in it, (B|1, q, k). Biases that depend on r only are computed over the R distances and gathered."""
+    relative = relative_distances(context)  # (B|1, q, k)
+    nearest, farthest = int(relative.min()), int(relative.max())
+    return torch.arange(nearest, farthest + 1, device=relative.device), relative - nearest
+
+
 def stack_heads_layers(config, stack: str) -> tuple[int, int]:
     """(number of heads, number of layers) of a stack's self-attention."""
     if stack == ENCODER:
@@ -224,8 +232,8 @@ class T5BiasPositionEncoding(PositionEncoding):
     One (num_buckets, H) table per stack, shared by all its layers as in T5; bidirectional buckets in the
     encoder, causal ones in the decoder. Deviation: T5 does not scale q.k by 1/sqrt(d_h); Marian does, and
     the bias is added after that scaling (the softmax sees content/sqrt(d_h) + bias). The bias is looked up
-    in every layer from the shared table (O(H q k), negligible next to attention), which keeps it correct
-    under gradient checkpointing.
+    in every layer from the shared table, which keeps it correct under gradient checkpointing: buckets for the
+    at most q + k - 1 distinct distances, then one gather to (H, q, k).
     """
 
     def __init__(self, config, stack):
@@ -257,10 +265,9 @@ class T5BiasPositionEncoding(PositionEncoding):
         init.normal_(self.bias.weight, mean=0.0, std=self.config.d_model**-0.5)
 
     def score_bias(self, layer_idx, context):
-        buckets = t5_relative_bucket(
-            relative_distances(context), self.bidirectional, self.num_buckets, self.max_distance
-        )  # (B|1, q, k)
-        return self.bias(buckets).permute(0, 3, 1, 2)  # (B|1, H, q, k)
+        distances, index = distinct_distances(context)  # (R,), (B|1, q, k)
+        buckets = t5_relative_bucket(distances, self.bidirectional, self.num_buckets, self.max_distance)
+        return self.bias(buckets).T[:, index].movedim(0, 1)  # (B|1, H, q, k)
 
 
 class AdaptiveT5PositionEncoding(PositionEncoding):
@@ -342,11 +349,9 @@ class AdaptiveT5PositionEncoding(PositionEncoding):
     def score_bias(self, layer_idx, context):
         if layer_idx > 0 and not self.every_layer:
             return None
-        relative = relative_distances(context)  # (B|1, q, k)
-        nearest, farthest = int(relative.min()), int(relative.max())
-        distances = torch.arange(nearest, farthest + 1, device=relative.device)  # (R,)
+        distances, index = distinct_distances(context)  # (R,), (B|1, q, k)
         bias = self.bias_per_distance(layer_idx if self.every_layer else 0, distances)  # (H, R)
-        return bias[:, relative - nearest].movedim(0, 1)  # (B|1, H, q, k)
+        return bias[:, index].movedim(0, 1)  # (B|1, H, q, k)
 
 
 def alibi_slopes(num_heads: int) -> torch.Tensor:
