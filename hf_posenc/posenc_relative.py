@@ -79,11 +79,11 @@ class ShawAttentionFunction(torch.autograd.Function):
         index = index.expand(*query.shape[:3], key.shape[2])  # (B, H, q, k)
         scores = shaw_scores(query, key, key_table, index, mask, scaling)  # (B, H, q, k)
         log_normaliser = torch.logsumexp(scores, dim=-1, keepdim=True)  # (B, H, q, 1)
-        weights = torch.exp(scores - log_normaliser)
+        weights = scores.sub_(log_normaliser).exp_()  # in place: (B, H, q, k) buffers dominate the time
         keep = None
         if dropout > 0:
             keep = torch.rand_like(weights) >= dropout  # (B, H, q, k) bool
-            weights = weights * keep / (1 - dropout)
+            weights.mul_(keep).div_(1 - dropout)
         weights = weights.to(value.dtype)
         output = torch.matmul(weights, value) + torch.matmul(
             per_distance_sum(weights, index, key_table.shape[0]), value_table
@@ -103,21 +103,20 @@ class ShawAttentionFunction(torch.autograd.Function):
         )
         index = compact_index.long().expand(*query.shape[:3], key.shape[2])  # (B, H, q, k)
         distances = key_table.shape[0]
-        weights = torch.exp(shaw_scores(query, key, key_table, index, mask, ctx.scaling) - log_normaliser)
+        weights = shaw_scores(query, key, key_table, index, mask, ctx.scaling).sub_(log_normaliser).exp_()
         dropped = weights if keep is None else weights * keep / (1 - ctx.dropout)
         dropped = dropped.to(value.dtype)  # (B, H, q, k)
         grad_value = torch.matmul(dropped.transpose(2, 3), grad_output)  # (B, H, k, Dh)
         grad_value_table = torch.einsum(
             "bhqr,bhqd->rd", per_distance_sum(dropped, index, distances), grad_output
         )  # (2k+1, Dh)
-        grad_dropped = torch.matmul(grad_output, value.transpose(2, 3)) + torch.matmul(
-            grad_output, value_table.T
-        ).gather(-1, index)  # (B, H, q, k)
-        grad_weights = (
-            grad_dropped.float() if keep is None else grad_dropped.float() * keep / (1 - ctx.dropout)
-        )
-        grad_scores = weights * (grad_weights - (weights * grad_weights).sum(-1, keepdim=True))
-        grad_scores = (grad_scores * ctx.scaling).to(query.dtype)  # (B, H, q, k)
+        grad_dropped = torch.matmul(grad_output, value.transpose(2, 3))  # (B, H, q, k)
+        grad_dropped += torch.matmul(grad_output, value_table.T).gather(-1, index)
+        grad_weights = grad_dropped.to(weights.dtype)
+        if keep is not None:
+            grad_weights.mul_(keep).div_(1 - ctx.dropout)
+        row_dot = (weights * grad_weights).sum(-1, keepdim=True)  # (B, H, q, 1)
+        grad_scores = grad_weights.sub_(row_dot).mul_(weights).mul_(ctx.scaling).to(query.dtype)
         grad_per_distance = per_distance_sum(grad_scores, index, distances)  # (B, H, q, 2k+1)
         grad_query = torch.matmul(grad_scores, key) + torch.matmul(grad_per_distance, key_table)
         grad_key = torch.matmul(grad_scores.transpose(2, 3), query)
@@ -128,13 +127,13 @@ class ShawAttentionFunction(torch.autograd.Function):
 def shaw_scores(query, key, key_table, index, mask, scaling) -> torch.Tensor:
     """Eq. 4 with the mask applied: (q_i k_j^T + q_i w^K[r_ij]^T) * scaling, (B, H, q, k), at least float32."""
     scores = torch.matmul(query, key.transpose(2, 3))  # (B, H, q, k)
-    scores = scores + torch.matmul(query, key_table.T).gather(-1, index)
-    scores = scores.to(torch.promote_types(scores.dtype, torch.float32)) * scaling
+    scores += torch.matmul(query, key_table.T).gather(-1, index)
+    scores = scores.to(torch.promote_types(scores.dtype, torch.float32)).mul_(scaling)
     if mask is None:
         return scores
     if mask.dtype == torch.bool:
-        return scores.masked_fill(~mask, torch.finfo(scores.dtype).min)
-    return scores + mask
+        return scores.masked_fill_(~mask, torch.finfo(scores.dtype).min)
+    return scores.add_(mask)
 
 
 def per_distance_sum(weights: torch.Tensor, index: torch.Tensor, distances: int) -> torch.Tensor:
