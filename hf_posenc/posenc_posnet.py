@@ -47,7 +47,7 @@ def position_kernel_product(
     batch, length, groups, dim = inputs.shape
     shared_positions = positions.amax(0)  # (L,): the positions of the longest rows
     rows = inputs.permute(1, 2, 0, 3).reshape(length, kernels.shape[1], -1, dim)  # (L, K, G·B/K, d)
-    output = torch.matmul(rows, kernels[shared_positions])  # (L, K, G·B/K, d)
+    output = torch.matmul(rows, kernels_at(kernels, shared_positions))  # (L, K, G·B/K, d)
     output = output.reshape(length, groups, batch, dim).permute(2, 0, 1, 3)  # (B, L, G, d)
     if positions.shape[0] > 1:
         differs = positions != shared_positions  # (B, L)
@@ -57,6 +57,16 @@ def position_kernel_product(
             fixed = torch.matmul(tokens, kernels[positions[row, column]])  # (N, K, G/K, d)
             output = output.index_put((row, column), fixed.reshape(-1, groups, dim).to(output.dtype))
     return output
+
+
+def kernels_at(kernels: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    """kernels[positions] for positions (L,): a slice (a view, no copy) when they are consecutive, as they are
+    for unpadded and right-padded batches and for decoding steps; else a gather. The slice also keeps the
+    backward a dense copy into the gradient, where a gather's backward is a scatter-add over L_max."""
+    first = int(positions[0]) if positions.numel() else 0
+    if torch.equal(positions, torch.arange(first, first + positions.shape[0], device=positions.device)):
+        return kernels[first : first + positions.shape[0]]
+    return kernels[positions]
 
 
 def kernel_std(num_positions: int, dim: int) -> float:
@@ -164,8 +174,11 @@ class PosNetAttention(PositionEncoding):
         heads = config.encoder_attention_heads if stack == ENCODER else config.decoder_attention_heads
         self.head_dim = config.d_model // heads
         kernel_groups = heads if config.posnet_attn_per_head else 1
-        self.kernels = nn.Parameter(
-            torch.empty(layers, self.max_positions, kernel_groups, self.head_dim, self.head_dim)
+        # One parameter per layer, not one (layers, L_max, ...) tensor: indexing a layer out of a joint
+        # parameter makes every layer's backward materialise a gradient of the whole stack.
+        self.kernels = nn.ParameterList(
+            nn.Parameter(torch.empty(self.max_positions, kernel_groups, self.head_dim, self.head_dim))
+            for _ in range(layers)
         )
         self.reset_parameters()
 
@@ -175,7 +188,8 @@ class PosNetAttention(PositionEncoding):
 
     def reset_parameters(self):
         # Each layer's (L_max, d_k, d_k) stack is initialised like the reference's Xavier-normal kernels.
-        init.normal_(self.kernels, std=kernel_std(self.max_positions, self.head_dim))
+        for kernels in self.kernels:
+            init.normal_(kernels, std=kernel_std(self.max_positions, self.head_dim))
 
     def embed(self, inputs_embeds, position_ids, padding_mask, cache):
         check_max_positions(position_ids, self.max_positions, "posnet_attn")

@@ -23,12 +23,20 @@ import torch
 from torch import nn
 from transformers import initialization as init
 
-from .posenc_base import ENCODER, PositionContext, PositionEncoding, additive_mask
+from .posenc_base import ENCODER, PositionContext, PositionEncoding, causal_mask
 
 
 def relative_distances(context: PositionContext) -> torch.Tensor:
     """r_ij = j - i for every query i and key j: (B|1, q, k), negative for keys in the past."""
     return context.key_positions[:, None, :] - context.query_positions[:, :, None]
+
+
+def distinct_distances(context: PositionContext) -> tuple[torch.Tensor, torch.Tensor]:
+    """The distances r = j - i a context contains, as a range (R,) with R <= q + k - 1, and the entry of every
+    (i, j) in it, (B|1, q, k). Biases that depend on r only are computed over the R distances and gathered."""
+    relative = relative_distances(context)  # (B|1, q, k)
+    nearest, farthest = int(relative.min()), int(relative.max())
+    return torch.arange(nearest, farthest + 1, device=relative.device), relative - nearest
 
 
 def stack_heads_layers(config, stack: str) -> tuple[int, int]:
@@ -45,6 +53,94 @@ def require_positive(config, *fields: str) -> None:
             raise ValueError(f"{field}={value} must be a positive integer.")
 
 
+class ShawAttentionFunction(torch.autograd.Function):
+    """Shaw attention (Eq. 3-5) that keeps no (B, H, q, k) tensor for backward: it recomputes the weights.
+
+    Autograd through the plain formula saves the softmax output and the dropped-out weights of every layer,
+    (B, H, q, k) each, which content attention's fused SDPA kernel never stores. Here forward saves only
+    queries, keys, values, the two tables, the distance index (one byte per (i, j)), the mask and the row
+    log-sum-exp (B, H, q, 1), and backward recomputes alpha = exp(scores - logsumexp) from them (one more
+    q.k^T and q.w^K product per layer); with attention dropout it also keeps the (B, H, q, k) boolean
+    keep-mask, a byte per weight.
+
+    Gradients, with S the scaled scores, alpha = softmax(S), alpha' = dropout(alpha), dZ the output gradient:
+    dalpha' = dZ V^T + (dZ w^V^T)[r_ij];  dS = alpha (dalpha - sum_j alpha dalpha) (softmax);
+    dQ = (dS K + scatter_r(dS) w^K) s;  dK = dS^T Q s;  dV = alpha'^T dZ;  dw^K = scatter_r(dS)^T Q s;
+    dw^V = scatter_r(alpha')^T dZ, where scatter_r sums a (B, H, q, k) tensor over the keys at each clipped
+    distance r, giving (B, H, q, 2k+1).
+    """
+
+    @staticmethod
+    def forward(ctx, query, key, value, key_table, value_table, index, mask, scaling, dropout):
+        """query (B, H, q, Dh), key/value (B, H, k, Dh), tables (2k+1, Dh), index (B|1, 1, q, k) clipped
+        distance rows, mask None / bool (True = attend) / float additive, broadcastable to (B, H, q, k).
+        Returns the output (B, H, q, Dh) and the (dropped-out) weights alpha' (B, H, q, k)."""
+        compact_index = index.to(torch.uint8 if key_table.shape[0] <= 256 else torch.int32)  # saved: 1 byte
+        index = index.expand(*query.shape[:3], key.shape[2])  # (B, H, q, k)
+        scores = shaw_scores(query, key, key_table, index, mask, scaling)  # (B, H, q, k)
+        log_normaliser = torch.logsumexp(scores, dim=-1, keepdim=True)  # (B, H, q, 1)
+        weights = scores.sub_(log_normaliser).exp_()  # in place: (B, H, q, k) buffers dominate the time
+        keep = None
+        if dropout > 0:
+            keep = torch.rand_like(weights) >= dropout  # (B, H, q, k) bool
+            weights.mul_(keep).div_(1 - dropout)
+        weights = weights.to(value.dtype)
+        output = torch.matmul(weights, value) + torch.matmul(
+            per_distance_sum(weights, index, key_table.shape[0]), value_table
+        )  # Eq. 3
+        ctx.save_for_backward(
+            query, key, value, key_table, value_table, compact_index, mask, log_normaliser, keep
+        )
+        ctx.scaling, ctx.dropout = scaling, dropout
+        ctx.mark_non_differentiable(weights)
+        return output, weights
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad_output, _grad_weights):
+        query, key, value, key_table, value_table, compact_index, mask, log_normaliser, keep = (
+            ctx.saved_tensors
+        )
+        index = compact_index.long().expand(*query.shape[:3], key.shape[2])  # (B, H, q, k)
+        distances = key_table.shape[0]
+        weights = shaw_scores(query, key, key_table, index, mask, ctx.scaling).sub_(log_normaliser).exp_()
+        dropped = weights if keep is None else weights * keep / (1 - ctx.dropout)
+        dropped = dropped.to(value.dtype)  # (B, H, q, k)
+        grad_value = torch.matmul(dropped.transpose(2, 3), grad_output)  # (B, H, k, Dh)
+        grad_value_table = torch.einsum(
+            "bhqr,bhqd->rd", per_distance_sum(dropped, index, distances), grad_output
+        )  # (2k+1, Dh)
+        grad_dropped = torch.matmul(grad_output, value.transpose(2, 3))  # (B, H, q, k)
+        grad_dropped += torch.matmul(grad_output, value_table.T).gather(-1, index)
+        grad_weights = grad_dropped.to(weights.dtype)
+        if keep is not None:
+            grad_weights.mul_(keep).div_(1 - ctx.dropout)
+        row_dot = (weights * grad_weights).sum(-1, keepdim=True)  # (B, H, q, 1)
+        grad_scores = grad_weights.sub_(row_dot).mul_(weights).mul_(ctx.scaling).to(query.dtype)
+        grad_per_distance = per_distance_sum(grad_scores, index, distances)  # (B, H, q, 2k+1)
+        grad_query = torch.matmul(grad_scores, key) + torch.matmul(grad_per_distance, key_table)
+        grad_key = torch.matmul(grad_scores.transpose(2, 3), query)
+        grad_key_table = torch.einsum("bhqr,bhqd->rd", grad_per_distance, query)
+        return grad_query, grad_key, grad_value, grad_key_table, grad_value_table, *(None,) * 4
+
+
+def shaw_scores(query, key, key_table, index, mask, scaling) -> torch.Tensor:
+    """Eq. 4 with the mask applied: (q_i k_j^T + q_i w^K[r_ij]^T) * scaling, (B, H, q, k), at least float32."""
+    scores = torch.matmul(query, key.transpose(2, 3))  # (B, H, q, k)
+    scores += torch.matmul(query, key_table.T).gather(-1, index)
+    scores = scores.to(torch.promote_types(scores.dtype, torch.float32)).mul_(scaling)
+    if mask is None:
+        return scores
+    if mask.dtype == torch.bool:
+        return scores.masked_fill_(~mask, torch.finfo(scores.dtype).min)
+    return scores.add_(mask)
+
+
+def per_distance_sum(weights: torch.Tensor, index: torch.Tensor, distances: int) -> torch.Tensor:
+    """Sum of (B, H, q, k) weights over the keys at each clipped distance: (B, H, q, 2k+1)."""
+    return weights.new_zeros(*weights.shape[:3], distances).scatter_add_(-1, index, weights)
+
+
 class ShawRelativePositionEncoding(PositionEncoding):
     """Shaw et al. 2018, Eq. 3-5 (relative position representations), separate key and value tables.
 
@@ -55,7 +151,8 @@ class ShawRelativePositionEncoding(PositionEncoding):
     Efficiency (Sec. 3.3, the tensor2tensor reshaping idea): no (B, H, q, k, d_h) tensor is formed. The key
     term is q_i . w^K[r] for the 2k + 1 distances r, a (B, H, q, 2k+1) matmul, then gathered to (B, H, q, k);
     the value term sums the weights alpha_ij that fall on each clipped distance (a scatter-add into
-    (B, H, q, 2k+1)) and multiplies by w^V. The extra memory is (B, H, q, 2k+1), not (B, H, q, k, d_h).
+    (B, H, q, 2k+1)) and multiplies by w^V. `ShawAttentionFunction` recomputes the weights in backward, so,
+    like SDPA, a layer keeps no (B, H, q, k) float tensor for the backward pass.
     """
 
     has_custom_attention = True
@@ -86,24 +183,20 @@ class ShawRelativePositionEncoding(PositionEncoding):
         return relative_distances(context).clamp(-k, k) + k
 
     def attend(self, module, query, key, value, attention_mask, context, dropout):
-        """Eq. 4-5 with Eq. 3's weights; returns (B, q, H, Dh) and the weights alpha (B, H, q, k)."""
-        batch, heads, query_length, _ = query.shape
-        index = self.clipped_distance_index(context)[:, None]  # (B|1, 1, q, k)
-        index = index.expand(batch, heads, query_length, key.shape[2])  # (B, H, q, k)
-        key_table = self.key_tables[module.layer_idx].to(query.dtype)  # (2k+1, Dh)
-        value_table = self.value_tables[module.layer_idx].to(query.dtype)  # (2k+1, Dh)
-
-        content = torch.matmul(query, key.transpose(2, 3))  # (B, H, q, k)
-        per_distance = torch.matmul(query, key_table.T)  # (B, H, q, 2k+1): q_i . w^K[r]
-        scores = (content + per_distance.gather(-1, index)) * module.scaling  # Eq. 4
-        scores = additive_mask(attention_mask, scores, context, module.is_causal)
-        weights = nn.functional.softmax(scores, dim=-1)
-        weights = nn.functional.dropout(weights, p=dropout, training=module.training)
-
-        weight_per_distance = torch.zeros_like(per_distance).scatter_add(
-            -1, index, weights
-        )  # (B, H, q, 2k+1)
-        output = torch.matmul(weights, value) + torch.matmul(weight_per_distance, value_table)  # Eq. 3
+        """Eq. 3-5 through `ShawAttentionFunction`; returns (B, q, H, Dh) and the weights alpha (B, H, q, k)."""
+        if attention_mask is None and module.is_causal:
+            attention_mask = causal_mask(context)  # (B|1, 1, q, k)
+        output, weights = ShawAttentionFunction.apply(
+            query,
+            key,
+            value,
+            self.key_tables[module.layer_idx].to(query.dtype),  # (2k+1, Dh)
+            self.value_tables[module.layer_idx].to(query.dtype),  # (2k+1, Dh)
+            self.clipped_distance_index(context)[:, None],  # (B|1, 1, q, k)
+            attention_mask,
+            module.scaling,
+            dropout,
+        )
         return output.transpose(1, 2).contiguous(), weights  # (B, q, H, Dh)
 
 
@@ -138,8 +231,8 @@ class T5BiasPositionEncoding(PositionEncoding):
     One (num_buckets, H) table per stack, shared by all its layers as in T5; bidirectional buckets in the
     encoder, causal ones in the decoder. Deviation: T5 does not scale q.k by 1/sqrt(d_h); Marian does, and
     the bias is added after that scaling (the softmax sees content/sqrt(d_h) + bias). The bias is looked up
-    in every layer from the shared table (O(H q k), negligible next to attention), which keeps it correct
-    under gradient checkpointing.
+    in every layer from the shared table, which keeps it correct under gradient checkpointing: buckets for the
+    at most q + k - 1 distinct distances, then one gather to (H, q, k).
     """
 
     def __init__(self, config, stack):
@@ -171,10 +264,9 @@ class T5BiasPositionEncoding(PositionEncoding):
         init.normal_(self.bias.weight, mean=0.0, std=self.config.d_model**-0.5)
 
     def score_bias(self, layer_idx, context):
-        buckets = t5_relative_bucket(
-            relative_distances(context), self.bidirectional, self.num_buckets, self.max_distance
-        )  # (B|1, q, k)
-        return self.bias(buckets).permute(0, 3, 1, 2)  # (B|1, H, q, k)
+        distances, index = distinct_distances(context)  # (R,), (B|1, q, k)
+        buckets = t5_relative_bucket(distances, self.bidirectional, self.num_buckets, self.max_distance)
+        return self.bias(buckets).T[:, index].movedim(0, 1)  # (B|1, H, q, k)
 
 
 class AdaptiveT5PositionEncoding(PositionEncoding):
@@ -256,11 +348,9 @@ class AdaptiveT5PositionEncoding(PositionEncoding):
     def score_bias(self, layer_idx, context):
         if layer_idx > 0 and not self.every_layer:
             return None
-        relative = relative_distances(context)  # (B|1, q, k)
-        nearest, farthest = int(relative.min()), int(relative.max())
-        distances = torch.arange(nearest, farthest + 1, device=relative.device)  # (R,)
+        distances, index = distinct_distances(context)  # (R,), (B|1, q, k)
         bias = self.bias_per_distance(layer_idx if self.every_layer else 0, distances)  # (H, R)
-        return bias[:, relative - nearest].movedim(0, 1)  # (B|1, H, q, k)
+        return bias[:, index].movedim(0, 1)  # (B|1, H, q, k)
 
 
 def alibi_slopes(num_heads: int) -> torch.Tensor:

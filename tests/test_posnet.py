@@ -7,7 +7,7 @@ from conftest import PAD, source_batch, target_batch, tiny_config, tiny_model
 
 from hf_posenc import MarianPosEncForConditionalGeneration
 from hf_posenc.posenc_base import positions_from_padding_mask
-from hf_posenc.posenc_posnet import position_kernel_product
+from hf_posenc.posenc_posnet import kernels_at, position_kernel_product
 
 
 def test_weight_concatenation_equals_positional_kernels():
@@ -77,6 +77,22 @@ def test_posnet_embed_matches_equation_24_with_positions_from_each_sequence_star
         torch.testing.assert_close(
             network(inputs, positions), direct_posnet_embed(network, inputs, positions)
         )
+
+
+@pytest.mark.parametrize("positions", [[3, 4, 5, 6], [0, 1, 1, 2], [5, 2, 7, 0]])
+def test_kernels_at_consecutive_positions_is_a_view_and_equals_the_gather(positions):
+    """The fast path of the kernel lookup (a slice for consecutive positions) returns exactly kernels[positions],
+    shares the parameter's memory only when the positions are consecutive, and passes gradients to those rows."""
+    kernels = torch.randn(8, 1, 3, 3, requires_grad=True)
+    positions = torch.tensor(positions)
+    looked_up = kernels_at(kernels, positions)
+    torch.testing.assert_close(looked_up, kernels[positions], atol=0, rtol=0)
+    consecutive = positions.tolist() == list(range(int(positions[0]), int(positions[0]) + 4))
+    shares_memory = looked_up.untyped_storage().data_ptr() == kernels.untyped_storage().data_ptr()
+    assert shares_memory == consecutive
+    looked_up.sum().backward()
+    expected = torch.zeros(8).index_add_(0, positions, torch.ones(4))
+    torch.testing.assert_close(kernels.grad.sum((1, 2, 3)), expected * 9)
 
 
 @pytest.mark.parametrize("per_head", [False, True])

@@ -312,3 +312,48 @@ def test_output_attentions_returns_weights_and_leaves_the_logits_unchanged(name)
     torch.testing.assert_close(out.logits, fused, atol=1e-5, rtol=1e-4)
     for weights in (*out.encoder_attentions, *out.decoder_attentions, *out.cross_attentions):
         torch.testing.assert_close(weights.sum(-1), torch.ones(weights.shape[:-1]))
+
+
+def direct_shaw_attention(query, key, value, key_table, value_table, index, mask, scaling, keep, dropout):
+    """Eq. 3-5 literally, with the (B, H, q, k, Dh) tensors a^K_ij, a^V_ij formed: plain autograd reference."""
+    relative_keys = key_table[index]  # (B|1, 1, q, k, Dh)
+    relative_values = value_table[index]
+    scores = (query[:, :, :, None] * (key[:, :, None] + relative_keys)).sum(-1) * scaling  # Eq. 4
+    scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)
+    weights = torch.softmax(scores, dim=-1)
+    weights = weights * keep / (1 - dropout)
+    return (weights[..., None] * (value[:, :, None] + relative_values)).sum(3), weights  # Eq. 3
+
+
+@pytest.mark.parametrize("dropout", [0.0, 0.3])
+def test_shaw_recomputing_backward_equals_autograd_through_the_equations(dropout):
+    """The hand-written backward of ShawAttentionFunction (weights recomputed, not saved) gives the same
+    gradients for queries, keys, values and both tables as autograd through Eq. 3-5, with padding and
+    attention dropout (the keep-mask is replayed from the same seed)."""
+    from hf_posenc.posenc_relative import ShawAttentionFunction
+
+    generator = torch.Generator().manual_seed(0)
+    batch, heads, length, head_dim, clip = 2, 3, 6, 4, 2
+
+    def leaf(*shape):
+        return torch.randn(*shape, generator=generator, dtype=torch.float64, requires_grad=True)
+
+    query, key, value = (leaf(batch, heads, length, head_dim) for _ in range(3))
+    key_table, value_table = leaf(2 * clip + 1, head_dim), leaf(2 * clip + 1, head_dim)
+    positions = torch.arange(length)
+    index = ((positions[None] - positions[:, None]).clamp(-clip, clip) + clip)[None, None]  # (1, 1, q, k)
+    mask = (torch.arange(length)[None] < torch.tensor([[6], [4]]))[:, None, None]  # (B, 1, 1, k)
+    inputs = (query, key, value, key_table, value_table)
+    upstream = torch.randn(batch, heads, length, head_dim, generator=generator, dtype=torch.float64)
+
+    torch.manual_seed(1)
+    output, weights = ShawAttentionFunction.apply(*inputs, index, mask, 0.5, dropout)
+    actual = torch.autograd.grad(output, inputs, upstream)
+    torch.manual_seed(1)
+    keep = torch.rand(batch, heads, length, length, dtype=torch.float64) >= dropout  # what forward drew
+    expected_output, expected_weights = direct_shaw_attention(*inputs, index, mask, 0.5, keep, dropout)
+    expected = torch.autograd.grad(expected_output, inputs, upstream)
+    torch.testing.assert_close(output, expected_output)
+    torch.testing.assert_close(weights, expected_weights)
+    for name, got, want in zip(("query", "key", "value", "w^K", "w^V"), actual, expected, strict=True):
+        torch.testing.assert_close(got, want, msg=name)
