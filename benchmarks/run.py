@@ -329,6 +329,7 @@ def line_style(index: int, system: System) -> dict:
 
 def write_plots(results: dict, systems: list[System], args) -> list[str]:
     paths = []
+    metadata = {"Description": "systems: " + ", ".join(system.name for system in systems)}  # PNG text chunk
     figure, axes = plt.subplots(1, 2, figsize=(12, 5))
     for index, system in enumerate(systems):
         style = line_style(index, system)
@@ -354,7 +355,7 @@ def write_plots(results: dict, systems: list[System], args) -> list[str]:
     axes[1].legend(fontsize=7, ncol=2)
     figure.tight_layout()
     paths.append(args.output_dir / "benchmarks_throughput.png")
-    figure.savefig(paths[-1], dpi=110)
+    figure.savefig(paths[-1], dpi=110, metadata=metadata)
     plt.close(figure)
 
     figure, axis = plt.subplots(figsize=(7, 5))
@@ -368,7 +369,7 @@ def write_plots(results: dict, systems: list[System], args) -> list[str]:
     axis.legend(fontsize=7, ncol=2)
     figure.tight_layout()
     paths.append(args.output_dir / "benchmarks_decode.png")
-    figure.savefig(paths[-1], dpi=110)
+    figure.savefig(paths[-1], dpi=110, metadata=metadata)
     plt.close(figure)
     return [path.name for path in paths]
 
