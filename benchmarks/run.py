@@ -23,6 +23,7 @@ import platform
 import shlex
 import statistics
 import sys
+import time
 from pathlib import Path
 
 import matplotlib
@@ -391,7 +392,8 @@ def write_markdown(results: dict, systems: list[System], fields: dict, args, com
         "measured "
         "in the same process (absolute times on a shared machine are not comparable across runs).",
         "",
-        f"Model fields (every system): `{json.dumps({k: v for k, v in fields.items()})}`.",
+        f"Model fields (every system): `{json.dumps(fields)}`. Wall time per phase (s): "
+        f"{json.dumps(results['phase_seconds'])}.",
         "",
         "Each token mixer is placed at *all* self-attention sites it allows (one variant per mixer, cross-"
         "attention stays content attention as in paper 2's models); `*_precomputed` systems are the same "
@@ -511,12 +513,21 @@ def main(argv=None):
         "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
         "machine": machine_line(args),
         "parameters": {s.name: count_parameters(fields, s.overrides, s.precomputed) for s in systems},
-        "training": measure_training(systems, fields, args, dtype),
-        "forward_seconds": measure_forward(systems, fields, args, dtype),
+        "phase_seconds": {},
     }
+
+    def phase(name: str, measure, *inputs):
+        start = time.perf_counter()
+        print(f"[bench] {name} ({len(systems)} systems) ...", file=sys.stderr, flush=True)
+        results[name] = measure(*inputs, args, dtype)
+        results["phase_seconds"][name] = round(time.perf_counter() - start)
+        print(f"[bench] {name} took {results['phase_seconds'][name]} s", file=sys.stderr, flush=True)
+
+    phase("training", measure_training, systems, fields)
+    phase("forward_seconds", measure_forward, systems, fields)
     models = eval_models(systems, fields, args)
-    results["generation"] = measure_generation(models, args, dtype)
-    results["decode_ms"] = measure_decode_steps(models, args, dtype)
+    phase("generation", measure_generation, models)
+    phase("decode_ms", measure_decode_steps, models)
 
     command = "python benchmarks/run.py " + shlex.join(sys.argv[1:] if argv is None else argv)
     (args.output_dir / "benchmarks.json").write_text(json.dumps({"command": command, **results}, indent=1))
