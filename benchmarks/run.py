@@ -119,6 +119,9 @@ def parse_args(argv):
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--bf16", action="store_true", help="bf16 autocast (CPU: eager attention)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--max-positions", type=int, help="max_position_embeddings (default: the longest length measured)"
+    )
     parser.add_argument("--output-dir", type=Path, default=Path("docs"))
     args = parser.parse_args(argv)
     if args.lengths is None:
@@ -139,8 +142,13 @@ def select_systems(names: list[str] | None) -> list[System]:
 
 
 def model_fields(args) -> dict:
-    longest = max(*args.lengths, *args.forward_lengths, args.source_length, max(args.decode_prefixes) + 2)
-    fields = dict(MODEL_SIZES[args.config], **MARIAN_FIELDS, max_position_embeddings=max(1024, longest))
+    decoder_longest = max(args.new_tokens, max(args.decode_prefixes) + 1) + 1  # + the start token
+    longest = max(*args.lengths, *args.forward_lengths, args.source_length, decoder_longest)
+    # The longest position any measurement reaches, unless given: modules with position tables (learned, PosNet,
+    # LinearNet, folded aPosNet/rPosNet) grow with it, and no system should pay for positions it never sees.
+    fields = dict(
+        MODEL_SIZES[args.config], **MARIAN_FIELDS, max_position_embeddings=args.max_positions or longest
+    )
     if args.bf16 and torch.device(args.device).type == "cpu":
         fields["attn_implementation"] = "eager"  # SDPA's CPU kernels are slow or missing in bf16
     return fields
