@@ -120,6 +120,12 @@ def parse_args(argv):
     parser.add_argument("--bf16", action="store_true", help="bf16 autocast (CPU: eager attention)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
+        "--peak-tflops",
+        type=float,
+        help="the device's peak dense TFLOP/s in the measured precision (e.g. 989 for H100 SXM bf16): adds "
+        "model FLOPs utilisation of the training step (fwd+bwd FLOPs counted by torch's FlopCounterMode)",
+    )
+    parser.add_argument(
         "--max-positions", type=int, help="max_position_embeddings (default: the longest length measured)"
     )
     parser.add_argument("--output-dir", type=Path, default=Path("docs"))
@@ -165,11 +171,18 @@ def measure_training(systems, fields, args, dtype) -> dict:
         steps_per_repeat=1,
         device=args.device,
         autocast_dtype=dtype,
+        count_flops=args.peak_tflops is not None,
     )
-    return {
+    measured = {
         "tokens_per_second": {f"{r.variant}@{r.length}": r.tokens_per_second for r in results},
         "memory_bytes": {f"{r.variant}@{r.length}": r.memory_bytes for r in results},
     }
+    if args.peak_tflops is not None:  # model FLOPs utilisation: counted FLOPs/s over the device's peak
+        measured["mfu"] = {
+            f"{r.variant}@{r.length}": r.flops_per_token * r.tokens_per_second / (args.peak_tflops * 1e12)
+            for r in results
+        }
+    return measured
 
 
 def eval_models(systems, fields, args) -> dict:
@@ -276,6 +289,23 @@ def ratio_row(name: str, table: dict, keys: list[str], invert: bool = False) -> 
 
 def table(title_cells: list[str], rows: list[str]) -> str:
     return "\n".join(["| " + " | ".join(title_cells) + " |", "|" + " --- |" * len(title_cells), *rows])
+
+
+def mfu_section(results: dict, trained: list[str], args) -> list[str]:
+    if "mfu" not in results["training"]:
+        return []
+    mfu = results["training"]["mfu"]
+    rows = [
+        f"| {n} | " + " | ".join(f"{100 * mfu[f'{n}@{length}']:.1f}%" for length in args.lengths) + " |"
+        for n in trained
+    ]
+    return [
+        f"Model FLOPs utilisation of the training step (absolute; peak {args.peak_tflops} TFLOP/s; forward + "
+        "backward FLOPs as counted by `torch.utils.flop_counter.FlopCounterMode`, optimizer not counted):",
+        "",
+        table(["system", *[f"L={n}" for n in args.lengths]], rows),
+        "",
+    ]
 
 
 def machine_line(args) -> str:
@@ -444,6 +474,7 @@ def write_markdown(results: dict, systems: list[System], fields: dict, args, com
             for n in args.lengths
         ),
         "",
+        *mfu_section(results, trained, args),
         f"## Forward benchmark of paper 1 (Fig. 2): one fixed batch forwarded {args.forward_times}×, "
         "no gradients",
         "",

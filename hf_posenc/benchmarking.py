@@ -16,6 +16,7 @@ from contextlib import nullcontext
 from dataclasses import dataclass
 
 import torch
+from torch.utils.flop_counter import FlopCounterMode
 from transformers import LogitsProcessor, LogitsProcessorList, MarianConfig, MarianMTModel
 
 from .configuration_marian_posenc import MarianPosEncConfig
@@ -179,6 +180,15 @@ def saved_activation_bytes(model, batch) -> int:
     return sum(storages.values())
 
 
+def training_flops(model, batch, device, autocast_dtype) -> int:
+    """FLOPs of one forward + backward as torch's FlopCounterMode counts them (matmuls, convolutions and
+    attention kernels: the "model FLOPs" of MFU; the optimizer and elementwise ops are not counted)."""
+    with FlopCounterMode(display=False) as counter, autocast(device, autocast_dtype):
+        model(**batch).loss.backward()
+    model.zero_grad(set_to_none=True)
+    return counter.get_total_flops()
+
+
 def training_memory_bytes(model, optimizer, batch, device, autocast_dtype) -> int:
     """CUDA: the allocator's peak over one training step; CPU: saved activations + parameters + gradients."""
     if torch.device(device).type == "cuda":
@@ -198,6 +208,7 @@ class StepResult:
     tokens_per_second: float
     memory_bytes: int
     parameters: int
+    flops_per_token: float | None = None  # model FLOPs of forward + backward per target token, if counted
 
 
 def benchmark_training_steps(
@@ -209,9 +220,10 @@ def benchmark_training_steps(
     steps_per_repeat: int = 3,
     device: str = "cpu",
     autocast_dtype: torch.dtype | None = None,
+    count_flops: bool = False,
 ) -> list[StepResult]:
     """Median target tokens/s of fwd+bwd+AdamW steps and training memory, per variant (config overrides;
-    None = stock MarianMTModel) and length."""
+    None = stock MarianMTModel) and length; with `count_flops`, also the FLOPs of forward + backward."""
     results = []
     for length in lengths:
         batch_size = max(1, tokens_per_batch // length)
@@ -229,7 +241,12 @@ def benchmark_training_steps(
             memory = training_memory_bytes(model, optimizers[name], batch, device, autocast_dtype)
             tokens_per_second = batch_size * length * steps_per_repeat / seconds[name]
             parameters = model.num_parameters(only_trainable=True)
-            results.append(StepResult(name, length, tokens_per_second, memory, parameters))
+            flops = (
+                training_flops(model, batch, device, autocast_dtype) / (batch_size * length)
+                if count_flops
+                else None
+            )
+            results.append(StepResult(name, length, tokens_per_second, memory, parameters, flops))
             del optimizers[name]  # free the optimizer state before the next length's models
     return results
 

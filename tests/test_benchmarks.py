@@ -27,7 +27,7 @@ def test_benchmark_command_writes_tables_and_plots_for_every_system(tmp_path):
     ]
     command += ["--forward-times", "2", "--repeats", "1", "--generation-batch-sizes", "1", "2"]
     command += ["--source-length", "5", "--new-tokens", "3", "--decode-prefixes", "3", "6"]
-    command += ["--output-dir", str(tmp_path)]
+    command += ["--peak-tflops", "1", "--output-dir", str(tmp_path)]
     subprocess.run(command, check=True, cwd=REPO, timeout=120)
 
     markdown = (tmp_path / "benchmarks.md").read_text()
@@ -36,12 +36,14 @@ def test_benchmark_command_writes_tables_and_plots_for_every_system(tmp_path):
     for system in ("marian", "shaw", "rposnet_precomputed"):
         assert f"| {system} |" in markdown
     assert "- shaw train ≥ 0.85: **" in markdown  # the targets are judged
+    assert "Model FLOPs utilisation" in markdown
     assert "old tables" not in markdown and markdown.endswith(notes)
     assert "python benchmarks/run.py --config tiny" in markdown
 
     results = json.loads((tmp_path / "benchmarks.json").read_text())
     assert set(results["parameters"]) == {"marian", "shaw", "rposnet_precomputed"}
     assert "rposnet_precomputed@8" not in results["training"]["tokens_per_second"]  # inference only
+    assert 0 < results["training"]["mfu"]["shaw@16"] < 1
     assert {"marian@b2k4", "rposnet_precomputed@b2k4"} <= results["generation"].keys()
     for plot in ("benchmarks_throughput.png", "benchmarks_decode.png"):
         png = (tmp_path / plot).read_bytes()
