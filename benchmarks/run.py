@@ -66,9 +66,8 @@ TARGETS = [
     ("mpr_head", "train", 0.7, True),
     ("rposnet_precomputed", "decode", 1.10, True),
 ]
-DECODE_GROWTH_LIMIT = (
-    1.2  # every system's per-token growth from the first to the last prefix vs the baseline's
-)
+# Every system's per-token decoding time growth from the first to the last prefix, over the baseline's growth.
+DECODE_GROWTH_LIMIT = 1.2
 
 
 def registered_systems() -> list[System]:
@@ -148,7 +147,7 @@ def select_systems(names: list[str] | None) -> list[System]:
 
 
 def model_fields(args) -> dict:
-    decoder_longest = max(args.new_tokens, max(args.decode_prefixes) + 1) + 1  # + the start token
+    decoder_longest = max(args.new_tokens, decode_new_tokens(args)) + 1  # + the start token
     longest = max(*args.lengths, *args.forward_lengths, args.source_length, decoder_longest)
     # The longest position any measurement reaches, unless given: modules with position tables (learned, PosNet,
     # LinearNet, folded aPosNet/rPosNet) grow with it, and no system should pay for positions it never sees.
@@ -223,6 +222,17 @@ def measure_generation(models, args, dtype) -> dict:
     return tokens_per_second
 
 
+def window_half(prefix: int) -> int:
+    """Steps on each side of a prefix whose times are pooled (±10%, at least 2)."""
+    return max(2, prefix // 10)
+
+
+def decode_new_tokens(args) -> int:
+    """Tokens to generate so that the window around the longest prefix is complete."""
+    longest = max(args.decode_prefixes)
+    return longest + window_half(longest) + 1
+
+
 def measure_decode_steps(models, args, dtype) -> dict:
     """Milliseconds per greedy step (batch 1) at each prefix: median over repeats and a window of steps."""
     generator = torch.Generator().manual_seed(args.seed)
@@ -230,7 +240,7 @@ def measure_decode_steps(models, args, dtype) -> dict:
         2, models[BASELINE].config.vocab_size, (1, args.source_length), generator=generator
     )
     source = source.to(args.device)
-    new_tokens = max(args.decode_prefixes) + 1
+    new_tokens = decode_new_tokens(args)
     for model in models.values():  # warm-up
         decode_step_seconds(model, source, min(new_tokens, 16), args.device, dtype)
     runs = {name: [] for name in models}
@@ -239,12 +249,10 @@ def measure_decode_steps(models, args, dtype) -> dict:
             runs[name].append(decode_step_seconds(model, source, new_tokens, args.device, dtype))
     per_prefix = {}
     for name, repeats in runs.items():
-        steps = [
-            statistics.median(values) for values in zip(*repeats, strict=True)
-        ]  # steps[i]: prefix of i + 1 tokens
+        # steps[i]: the step whose cache holds i + 1 tokens
+        steps = [statistics.median(values) for values in zip(*repeats, strict=True)]
         for prefix in args.decode_prefixes:
-            half = max(2, prefix // 10)
-            window = steps[max(0, prefix - 1 - half) : prefix + half]
+            window = steps[max(0, prefix - 1 - window_half(prefix)) : prefix + window_half(prefix)]
             per_prefix[f"{name}@{prefix}"] = 1e3 * statistics.median(window)
     return per_prefix
 
