@@ -393,13 +393,15 @@ def write_plots(results: dict, systems: list[System], args) -> list[str]:
             ]
             if points:
                 axis.plot(*zip(*points, strict=True), marker="o", label=system.name, **style)
-    for axis, title in zip(
-        axes, ("training step (fwd+bwd+AdamW)", f"forward ×{args.forward_times} (paper 1)"), strict=True
-    ):
+    panels = (
+        ("training step (fwd+bwd+AdamW)", args.lengths),
+        (f"forward ×{args.forward_times} (paper 1)", args.forward_lengths),
+    )
+    for axis, (title, lengths) in zip(axes, panels, strict=True):
         axis.set(xlabel="source = target length", ylabel="throughput / stock Marian", title=title)
         axis.set_xscale("log", base=2)
         axis.minorticks_off()
-        axis.set_xticks(args.lengths, [str(n) for n in args.lengths])
+        axis.set_xticks(lengths, [str(n) for n in lengths])
         axis.grid(alpha=0.3)
     axes[1].legend(fontsize=7, ncol=2)
     figure.tight_layout()
