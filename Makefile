@@ -8,6 +8,8 @@ MODULE ?= sinusoidal
 MINUTES ?= 16
 OUTPUT ?= outputs/$(RECIPE)-$(MODULE)
 ARGS ?=
+THREADS ?= 1
+SYSTEMS ?=
 
 .PHONY: install train train-stock test test-all lint bench
 
@@ -40,5 +42,7 @@ lint: install
 	$(VENV)/bin/ruff check hf_posenc train_scripts tests benchmarks
 	$(VENV)/bin/ruff format --check hf_posenc train_scripts tests benchmarks
 
+## Speed, memory and decoding cost of every registered module vs stock MarianMTModel, as ratios in one process:
+## writes docs/benchmarks.md + docs/benchmarks_*.png (SYSTEMS="marian shaw ..." THREADS=1 ARGS="--device cuda --bf16")
 bench: install
-	$(PY) benchmarks/train_step.py --variants $(filter-out sinusoidal,$(or $(VARIANTS),learned none)) $(ARGS)
+	$(PY) benchmarks/run.py --threads $(THREADS) $(if $(SYSTEMS),--systems $(SYSTEMS)) $(ARGS)

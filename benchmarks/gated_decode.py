@@ -1,54 +1,26 @@
 """Decoding throughput of pre-computed rPosNet vs content attention (paper 2 §7.1, Table 4), CPU.
 
-Both models use the same config ("small" of train_step.py unless --base); rPosNet replaces encoder and decoder
-self-attention and is folded with `precompute_position_attention()`. Every run generates exactly
---new-tokens tokens (min = max), so tokens/s compare like with like; ratios are taken in one process.
+Both models use the same config (`MODEL_SIZES["small"]` of hf_posenc.benchmarking unless --base; vocabulary
+8000); rPosNet replaces encoder and decoder self-attention, folded with `precompute_position_attention()`.
+Every run generates exactly --new-tokens tokens (min = max), so tokens/s compare like with like; ratios are
+taken in one process, median of interleaved repeats. benchmarks/run.py measures the same for every registered
+module against stock MarianMTModel.
 
     python benchmarks/gated_decode.py --threads 1
 """
 
 import argparse
-import time
 
 import torch
 
-from hf_posenc import MarianPosEncConfig, MarianPosEncForConditionalGeneration
-
-SMALL = dict(
-    d_model=256,
-    encoder_layers=3,
-    decoder_layers=3,
-    encoder_attention_heads=4,
-    decoder_attention_heads=4,
-    encoder_ffn_dim=1024,
-    decoder_ffn_dim=1024,
-    vocab_size=8000,
-    max_position_embeddings=256,
+from hf_posenc.benchmarking import (
+    MODEL_SIZES,
+    build_model,
+    generation_run,
+    interleaved_median_seconds,
 )
-BASE = dict(SMALL, d_model=512, encoder_layers=6, decoder_layers=6, encoder_attention_heads=8)
-BASE.update(decoder_attention_heads=8, encoder_ffn_dim=2048, decoder_ffn_dim=2048)
 
-
-def build(fields: dict, rposnet: bool):
-    mixers = dict(encoder_self_attention="rposnet", decoder_self_attention="rposnet") if rposnet else {}
-    torch.manual_seed(0)
-    model = MarianPosEncForConditionalGeneration(MarianPosEncConfig(**fields, **mixers)).eval()
-    if rposnet:
-        model.precompute_position_attention()
-    return model
-
-
-def tokens_per_second(model, batch_size: int, beams: int, source_length: int, new_tokens: int, repeats: int):
-    generator = torch.Generator().manual_seed(0)
-    source = torch.randint(2, model.config.vocab_size, (batch_size, source_length), generator=generator)
-    kwargs = dict(num_beams=beams, do_sample=False, max_new_tokens=new_tokens, min_new_tokens=new_tokens)
-    model.generate(source, **kwargs)  # warm-up
-    best = float("inf")
-    for _ in range(repeats):
-        start = time.perf_counter()
-        model.generate(source, **kwargs)
-        best = min(best, time.perf_counter() - start)
-    return batch_size * new_tokens / best
+MIXERS = dict(encoder_self_attention="rposnet", decoder_self_attention="rposnet")
 
 
 def main():
@@ -62,21 +34,28 @@ def main():
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    fields = BASE if args.base else SMALL
-    models = {"attention": build(fields, False), "rposnet (pre-computed)": build(fields, True)}
-    print(f"<!-- {args.threads} threads, {'base' if args.base else 'small'}, best of {args.repeats} -->")
+    size = "base" if args.base else "small"
+    fields = dict(MODEL_SIZES[size], vocab_size=8000, max_position_embeddings=256)
+    models = {
+        "attention": build_model(fields, {}, "cpu").eval(),
+        "rposnet (pre-computed)": build_model(fields, MIXERS, "cpu", precomputed=True).eval(),
+    }
+    print(f"<!-- {args.threads} threads, {size}, median of {args.repeats} interleaved repeats -->")
     print("| batch | beams | attention tok/s | rPosNet tok/s | ratio |")
     print("| --- | --- | --- | --- | --- |")
-    with torch.inference_mode():
-        for batch_size in args.batch_sizes:
-            for beams in args.beams:
-                speeds = [
-                    tokens_per_second(m, batch_size, beams, args.source_length, args.new_tokens, args.repeats)
-                    for m in models.values()
-                ]
-                print(
-                    f"| {batch_size} | {beams} | {speeds[0]:.0f} | {speeds[1]:.0f} | {speeds[1] / speeds[0]:.2f} |"
-                )
+    generator = torch.Generator().manual_seed(0)
+    for batch_size in args.batch_sizes:
+        source = torch.randint(2, fields["vocab_size"], (batch_size, args.source_length), generator=generator)
+        for beams in args.beams:
+            work = {
+                name: generation_run(model, source, args.new_tokens, beams, "cpu", None)
+                for name, model in models.items()
+            }
+            seconds = interleaved_median_seconds(work, args.repeats, "cpu")
+            speeds = [batch_size * args.new_tokens / value for value in seconds.values()]
+            print(
+                f"| {batch_size} | {beams} | {speeds[0]:.0f} | {speeds[1]:.0f} | {speeds[1] / speeds[0]:.2f} |"
+            )
 
 
 if __name__ == "__main__":

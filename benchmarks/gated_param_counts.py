@@ -8,9 +8,7 @@ Models are built on the meta device, so nothing is allocated. Usage: python benc
 
 import argparse
 
-import torch
-
-from hf_posenc import MarianPosEncConfig, MarianPosEncForConditionalGeneration
+from hf_posenc.benchmarking import MODEL_SIZES, count_parameters, meta_model
 
 PAPER_TABLE_2 = {
     "Transformer": ("attention", "attention", 66.5),
@@ -24,19 +22,8 @@ PAPER_TABLE_2 = {
 }
 
 
-def build(encoder_mixer: str, decoder_mixer: str, fold: bool, **fields):
-    config = MarianPosEncConfig(
-        encoder_self_attention=encoder_mixer, decoder_self_attention=decoder_mixer, **fields
-    )
-    with torch.device("meta"):
-        model = MarianPosEncForConditionalGeneration(config)
-    if fold:
-        model.precompute_position_attention()
-    return model
-
-
-def count(encoder_mixer: str, decoder_mixer: str, fold: bool, **fields) -> int:
-    return build(encoder_mixer, decoder_mixer, fold, **fields).num_parameters()
+def mixers(encoder_mixer: str, decoder_mixer: str, **fields) -> dict:
+    return dict(encoder_self_attention=encoder_mixer, decoder_self_attention=decoder_mixer, **fields)
 
 
 def self_attention_parameters(model) -> int:
@@ -48,17 +35,17 @@ def main():
     parser.add_argument("--vocab-size", type=int, default=44000)
     parser.add_argument("--max-positions", type=int, default=128)
     args = parser.parse_args()
-    fields = dict(vocab_size=args.vocab_size, max_position_embeddings=args.max_positions)
+    fields = dict(MODEL_SIZES["base"], vocab_size=args.vocab_size, max_position_embeddings=args.max_positions)
     print("| model | paper 2 Table 2 | ours (training) | ours (pre-computed) |")
     print("| --- | --- | --- | --- |")
     for name, (encoder_mixer, decoder_mixer, paper) in PAPER_TABLE_2.items():
-        trained = count(encoder_mixer, decoder_mixer, False, **fields) / 1e6
-        folded = count(encoder_mixer, decoder_mixer, True, **fields) / 1e6
+        trained = count_parameters(fields, mixers(encoder_mixer, decoder_mixer)) / 1e6
+        folded = count_parameters(fields, mixers(encoder_mixer, decoder_mixer), precomputed=True) / 1e6
         print(f"| {name} | {paper:.1f}M | {trained:.2f}M | {folded:.2f}M |")
-    gated = count("attention", "attention", False, attention_gating=True, **fields) / 1e6
+    gated = count_parameters(fields, {"attention_gating": True}) / 1e6
     print(f"| Transformer + gating (Table 6) | 69.7M | {gated:.2f}M | {gated:.2f}M |")
-    trained = self_attention_parameters(build("rposnet", "rposnet", False, **fields))
-    folded = self_attention_parameters(build("rposnet", "rposnet", True, **fields))
+    trained = self_attention_parameters(meta_model(fields, mixers("rposnet", "rposnet")))
+    folded = self_attention_parameters(meta_model(fields, mixers("rposnet", "rposnet"), precomputed=True))
     print(
         f"rPosNet self-attention parameters: {trained / 1e6:.2f}M trained -> {folded / 1e6:.2f}M pre-computed "
         f"({100 * (1 - folded / trained):.1f}% saved; paper 2 §4.2: 23%)"

@@ -9,9 +9,7 @@ paper's SAPE count and the L_max that reproduces the paper's PosNet counts with 
 
 import argparse
 
-import torch
-
-from hf_posenc import MarianPosEncConfig, MarianPosEncForConditionalGeneration
+from hf_posenc.benchmarking import MODEL_SIZES, count_parameters
 
 PAPER_MILLIONS = {
     "none": 63.08,
@@ -20,21 +18,11 @@ PAPER_MILLIONS = {
     "posnet_embed": 66.49,
     "posnet_attn": 64.11,
 }
-BASE = dict(
-    d_model=512,
-    encoder_layers=6,
-    decoder_layers=6,
-    encoder_attention_heads=8,
-    decoder_attention_heads=8,
-    encoder_ffn_dim=2048,
-    decoder_ffn_dim=2048,
-)
+BASE = MODEL_SIZES["base"]
 
 
-def count_parameters(**fields) -> int:
-    with torch.device("meta"):
-        model = MarianPosEncForConditionalGeneration(MarianPosEncConfig(**BASE, **fields))
-    return sum(parameter.numel() for parameter in model.parameters())
+def count(**fields) -> int:
+    return count_parameters(dict(BASE, **fields), {})
 
 
 def main():
@@ -48,20 +36,20 @@ def main():
     print(f"vocab_size={args.vocab_size}, max_position_embeddings={args.max_positions}\n")
     print("| position encoding | ours (M) | paper Table 1 (M) |\n| --- | --- | --- |")
     for name, paper in PAPER_MILLIONS.items():
-        ours = count_parameters(
+        ours = count(
             position_encoding=name, vocab_size=args.vocab_size, max_position_embeddings=args.max_positions
         )
         print(f"| {name} | {ours / 1e6:.2f} | {paper:.2f} |")
 
     # One more vocabulary entry adds d_model parameters (tied embeddings and LM head).
-    without_vocab = count_parameters(position_encoding="sinusoidal", vocab_size=2) - 2 * BASE["d_model"]
+    without_vocab = count(position_encoding="sinusoidal", vocab_size=2) - 2 * BASE["d_model"]
     implied_vocab = round((PAPER_MILLIONS["sinusoidal"] * 1e6 - without_vocab) / BASE["d_model"])
     print(f"\nvocabulary implied by the paper's SAPE count: {implied_vocab} (±10 from rounding to 0.01M)")
     for name in ("posnet_embed", "posnet_attn"):
-        per_position = count_parameters(
+        per_position = count(
             position_encoding=name, vocab_size=implied_vocab, max_position_embeddings=2
-        ) - count_parameters(position_encoding=name, vocab_size=implied_vocab, max_position_embeddings=1)
-        fixed = count_parameters(position_encoding=name, vocab_size=implied_vocab, max_position_embeddings=1)
+        ) - count(position_encoding=name, vocab_size=implied_vocab, max_position_embeddings=1)
+        fixed = count(position_encoding=name, vocab_size=implied_vocab, max_position_embeddings=1)
         implied = (PAPER_MILLIONS[name] * 1e6 - fixed) / per_position + 1
         print(
             f"{name}: {per_position} parameters per position; L_max implied by the paper's count: {implied:.1f}"

@@ -8,17 +8,9 @@ output layer (paper 1, Sec. 5.1). Counts come from the real model classes; print
 
 import argparse
 
-from hf_posenc import MarianPosEncConfig, MarianPosEncForConditionalGeneration
+from hf_posenc.benchmarking import MODEL_SIZES, meta_model
 
-PAPER_BASE = dict(
-    d_model=512,
-    encoder_layers=6,
-    decoder_layers=6,
-    encoder_attention_heads=8,
-    decoder_attention_heads=8,
-    encoder_ffn_dim=2048,
-    decoder_ffn_dim=2048,
-)
+PAPER_BASE = {field: value for field, value in MODEL_SIZES["base"].items() if field != "vocab_size"}
 # paper 1, Table 1 (millions)
 PAPER_COUNTS = {"sinusoidal": 63.08, "shaw": 63.37, "adaptive_t5": 63.08}
 
@@ -37,8 +29,7 @@ def main():
         "| --- | --- | --- | --- |",
     ]
     for name in args.variants:
-        config = MarianPosEncConfig(vocab_size=args.vocab_size, position_encoding=name, **PAPER_BASE)
-        model = MarianPosEncForConditionalGeneration(config)
+        model = meta_model(dict(PAPER_BASE, vocab_size=args.vocab_size), {"position_encoding": name})
         total = sum(p.numel() for p in model.parameters())
         positional = sum(
             p.numel()

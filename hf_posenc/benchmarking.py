@@ -1,29 +1,167 @@
-"""Training-step benchmark of model variants, as ratios against a baseline measured in the same process.
+"""Speed, memory and decoding cost of model variants, as ratios against a baseline measured in one process.
 
-Absolute CPU times are noisy on shared machines, so every variant is measured interleaved with the others,
-repeated, and reported as median throughput relative to the baseline. Memory on the CPU is measured
+Absolute CPU times are noisy on shared machines, so every measurement runs the systems interleaved (one
+repeat of system A, then of B, ..., then the next repeat), repeats, and keeps the median; `benchmarks/run.py`
+reports everything relative to stock `transformers.MarianMTModel`. Memory on the CPU is measured
 deterministically as the bytes autograd keeps for the backward pass (activations, deduplicated by storage)
 plus parameters and gradients — the part of training memory that positional modules change; on CUDA the
 allocator's peak is used instead.
 """
 
+import itertools
 import statistics
 import time
+from collections.abc import Callable
+from contextlib import nullcontext
 from dataclasses import dataclass
 
 import torch
+from torch.utils.flop_counter import FlopCounterMode
+from transformers import LogitsProcessor, LogitsProcessorList, MarianConfig, MarianMTModel
 
 from .configuration_marian_posenc import MarianPosEncConfig
 from .modeling_marian_posenc import MarianPosEncForConditionalGeneration
 
+# Model sizes shared by the benchmark scripts. "base" is paper 1's Transformer base (§5.1); the paper base is
+# too slow for many variants on 2 CPU cores, "small" keeps the ratios meaningful there.
+MODEL_SIZES = {
+    "tiny": dict(
+        d_model=32,
+        encoder_layers=1,
+        decoder_layers=1,
+        encoder_attention_heads=4,
+        decoder_attention_heads=4,
+        encoder_ffn_dim=64,
+        decoder_ffn_dim=64,
+        vocab_size=100,
+    ),
+    "small": dict(
+        d_model=256,
+        encoder_layers=3,
+        decoder_layers=3,
+        encoder_attention_heads=4,
+        decoder_attention_heads=4,
+        encoder_ffn_dim=1024,
+        decoder_ffn_dim=1024,
+        vocab_size=8000,
+    ),
+    "base": dict(
+        d_model=512,
+        encoder_layers=6,
+        decoder_layers=6,
+        encoder_attention_heads=8,
+        decoder_attention_heads=8,
+        encoder_ffn_dim=2048,
+        decoder_ffn_dim=2048,
+        vocab_size=40000,
+    ),
+}
+# The fields of the Marian models of this project that MarianConfig's defaults (opus-mt) set differently; the
+# stock baseline and our models get the same ones, so they differ only in their positional modules.
+MARIAN_FIELDS = dict(
+    scale_embedding=True,
+    activation_function="relu",
+    pad_token_id=0,
+    decoder_start_token_id=0,
+    eos_token_id=1,
+    forced_eos_token_id=1,
+)
 
-@dataclass
-class StepResult:
-    variant: str
-    length: int
-    tokens_per_second: float
-    memory_bytes: int
-    parameters: int
+
+@dataclass(frozen=True)
+class System:
+    """One benchmarked model: stock MarianMTModel (`overrides` None) or MarianPosEnc with config overrides.
+
+    `precomputed` systems are folded with `precompute_position_attention()` (paper 2 §4): inference only.
+    """
+
+    name: str
+    overrides: dict | None
+    precomputed: bool = False
+
+    @property
+    def trainable(self) -> bool:
+        return not self.precomputed
+
+
+def build_model(base_fields: dict, overrides: dict | None, device, seed: int = 0, precomputed: bool = False):
+    """The model of a system in training mode: same fields and seed for every system."""
+    torch.manual_seed(seed)
+    if overrides is None:
+        model = MarianMTModel(MarianConfig(**base_fields))
+    else:
+        model = MarianPosEncForConditionalGeneration(MarianPosEncConfig(**{**base_fields, **overrides}))
+        if precomputed:
+            model.precompute_position_attention()
+    return model.to(device).train()
+
+
+def build_system(system: System, base_fields: dict, device, seed: int = 0):
+    return build_model(base_fields, system.overrides, device, seed, system.precomputed)
+
+
+def meta_model(base_fields: dict, overrides: dict | None = None, precomputed: bool = False):
+    """A system's model on the meta device: nothing is allocated, so any size builds instantly."""
+    with torch.device("meta"):
+        return build_model(base_fields, overrides, "meta", precomputed=precomputed)
+
+
+def count_parameters(base_fields: dict, overrides: dict | None = None, precomputed: bool = False) -> int:
+    """Trainable parameters (stock Marian's sinusoid tables are frozen parameters, ours are buffers: neither
+    counts)."""
+    return meta_model(base_fields, overrides, precomputed).num_parameters(only_trainable=True)
+
+
+def autocast(device, dtype: torch.dtype | None):
+    if dtype is None:
+        return nullcontext()
+    return torch.autocast(device_type=torch.device(device).type, dtype=dtype)
+
+
+def synchronize(device) -> None:
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize()
+
+
+def interleaved_median_seconds(work: dict[str, Callable[[], None]], repeats: int, device) -> dict[str, float]:
+    """Median seconds of each callable: one warm-up each, then `repeats` rounds over all of them in turn, so
+    machine noise hits every system alike."""
+    for run in work.values():  # warm-up: allocator, kernels, optimizer state
+        run()
+    seconds = {name: [] for name in work}
+    for _ in range(repeats):
+        for name, run in work.items():
+            synchronize(device)
+            start = time.perf_counter()
+            run()
+            synchronize(device)
+            seconds[name].append(time.perf_counter() - start)
+    return {name: statistics.median(values) for name, values in seconds.items()}
+
+
+def synthetic_batch(config, batch_size: int, length: int, device) -> dict:
+    generator = torch.Generator().manual_seed(length)
+    low = 2  # keep clear of pad (0) and eos (1)
+    input_ids = torch.randint(low, config.vocab_size, (batch_size, length), generator=generator)
+    labels = torch.randint(low, config.vocab_size, (batch_size, length), generator=generator)
+    return {"input_ids": input_ids.to(device), "labels": labels.to(device)}
+
+
+def training_step(model, optimizer, batch, device, autocast_dtype):
+    """One fwd + bwd + optimizer step."""
+    with autocast(device, autocast_dtype):
+        loss = model(**batch).loss
+    loss.backward()
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+
+
+def training_run(model, optimizer, batch, steps: int, device, autocast_dtype) -> Callable[[], None]:
+    def run():
+        for _ in range(steps):
+            training_step(model, optimizer, batch, device, autocast_dtype)
+
+    return run
 
 
 def saved_activation_bytes(model, batch) -> int:
@@ -42,33 +180,39 @@ def saved_activation_bytes(model, batch) -> int:
     return sum(storages.values())
 
 
-def synthetic_batch(config, batch_size: int, length: int, device) -> dict:
-    generator = torch.Generator().manual_seed(length)
-    low = 2  # keep clear of pad (0) and eos (1)
-    input_ids = torch.randint(low, config.vocab_size, (batch_size, length), generator=generator)
-    labels = torch.randint(low, config.vocab_size, (batch_size, length), generator=generator)
-    return {"input_ids": input_ids.to(device), "labels": labels.to(device)}
+def training_flops(model, batch, device, autocast_dtype) -> int:
+    """FLOPs of one forward + backward as torch's FlopCounterMode counts them (matmuls, convolutions and
+    attention kernels: the "model FLOPs" of MFU; the optimizer and elementwise ops are not counted)."""
+    with FlopCounterMode(display=False) as counter, autocast(device, autocast_dtype):
+        model(**batch).loss.backward()
+    model.zero_grad(set_to_none=True)
+    return counter.get_total_flops()
 
 
-def build_model(base_fields: dict, overrides: dict, device, seed: int = 0):
-    torch.manual_seed(seed)
-    config = MarianPosEncConfig(**{**base_fields, **overrides})
-    return MarianPosEncForConditionalGeneration(config).to(device).train()
+def training_memory_bytes(model, optimizer, batch, device, autocast_dtype) -> int:
+    """CUDA: the allocator's peak over one training step; CPU: saved activations + parameters + gradients."""
+    if torch.device(device).type == "cuda":
+        torch.cuda.reset_peak_memory_stats()
+        training_step(model, optimizer, batch, device, autocast_dtype)
+        return torch.cuda.max_memory_allocated()
+    parameter_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+    gradient_bytes = sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
+    with autocast(device, autocast_dtype):
+        return saved_activation_bytes(model, batch) + parameter_bytes + gradient_bytes
 
 
-def training_step(model, optimizer, batch, device, autocast_dtype):
-    """One fwd + bwd + optimizer step."""
-    with torch.autocast(
-        device_type=torch.device(device).type, dtype=autocast_dtype, enabled=autocast_dtype is not None
-    ):
-        loss = model(**batch).loss
-    loss.backward()
-    optimizer.step()
-    optimizer.zero_grad(set_to_none=True)
+@dataclass
+class StepResult:
+    variant: str
+    length: int
+    tokens_per_second: float
+    memory_bytes: int
+    parameters: int
+    flops_per_token: float | None = None  # model FLOPs of forward + backward per target token, if counted
 
 
 def benchmark_training_steps(
-    variants: dict[str, dict],
+    variants: dict[str, dict | None],
     base_fields: dict,
     lengths=(32, 128, 512),
     tokens_per_batch: int = 4096,
@@ -76,44 +220,87 @@ def benchmark_training_steps(
     steps_per_repeat: int = 3,
     device: str = "cpu",
     autocast_dtype: torch.dtype | None = None,
+    count_flops: bool = False,
 ) -> list[StepResult]:
-    """Median target tokens/s of fwd+bwd+AdamW step and training memory, per variant and length."""
+    """Median target tokens/s of fwd+bwd+AdamW steps and training memory, per variant (config overrides;
+    None = stock MarianMTModel) and length; with `count_flops`, also the FLOPs of forward + backward."""
     results = []
     for length in lengths:
         batch_size = max(1, tokens_per_batch // length)
         models = {name: build_model(base_fields, overrides, device) for name, overrides in variants.items()}
         optimizers = {name: torch.optim.AdamW(model.parameters(), lr=1e-4) for name, model in models.items()}
         batch = synthetic_batch(next(iter(models.values())).config, batch_size, length, device)
-        timings = {name: [] for name in models}
-
-        for name in models:  # warm-up: allocator, kernels, optimizer state
-            training_step(models[name], optimizers[name], batch, device, autocast_dtype)
-        for _ in range(repeats):
-            for name in models:  # interleaved, so machine noise hits every variant alike
-                if device == "cuda":
-                    torch.cuda.synchronize()
-                start = time.perf_counter()
-                for _ in range(steps_per_repeat):
-                    training_step(models[name], optimizers[name], batch, device, autocast_dtype)
-                if device == "cuda":
-                    torch.cuda.synchronize()
-                timings[name].append((time.perf_counter() - start) / steps_per_repeat)
-
-        for name, model in models.items():
-            parameters = sum(p.numel() for p in model.parameters())
-            if device == "cuda":
-                torch.cuda.reset_peak_memory_stats()
-                training_step(models[name], optimizers[name], batch, device, autocast_dtype)
-                memory = torch.cuda.max_memory_allocated()
-            else:
-                parameter_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
-                memory = saved_activation_bytes(model, batch) + 2 * parameter_bytes
-            results.append(
-                StepResult(
-                    name, length, batch_size * length / statistics.median(timings[name]), memory, parameters
-                )
+        work = {
+            name: training_run(
+                models[name], optimizers[name], batch, steps_per_repeat, device, autocast_dtype
             )
+            for name in models
+        }
+        seconds = interleaved_median_seconds(work, repeats, device)
+        for name, model in models.items():
+            memory = training_memory_bytes(model, optimizers[name], batch, device, autocast_dtype)
+            tokens_per_second = batch_size * length * steps_per_repeat / seconds[name]
+            parameters = model.num_parameters(only_trainable=True)
+            flops = (
+                training_flops(model, batch, device, autocast_dtype) / (batch_size * length)
+                if count_flops
+                else None
+            )
+            results.append(StepResult(name, length, tokens_per_second, memory, parameters, flops))
+            del optimizers[name]  # free the optimizer state before the next length's models
     return results
+
+
+def forward_repeated(model, batch: dict, times: int, device, autocast_dtype) -> Callable[[], None]:
+    """Paper 1's Fig. 2 benchmark: the same batch forwarded `times` times (no gradients)."""
+
+    def run():
+        with torch.no_grad(), autocast(device, autocast_dtype):
+            for _ in range(times):
+                model(**batch)
+
+    return run
+
+
+def generation_kwargs(new_tokens: int, beams: int) -> dict:
+    """Exactly `new_tokens` tokens per sequence (min = max), so every system generates the same lengths."""
+    return dict(num_beams=beams, do_sample=False, max_new_tokens=new_tokens, min_new_tokens=new_tokens)
+
+
+def generation_run(model, source, new_tokens: int, beams: int, device, autocast_dtype) -> Callable[[], None]:
+    kwargs = generation_kwargs(new_tokens, beams)
+
+    def run():
+        with torch.inference_mode(), autocast(device, autocast_dtype):
+            model.generate(source, **kwargs)
+
+    return run
+
+
+class StepClock(LogitsProcessor):
+    """Records the time whenever `generate` reaches the logits processors, i.e. once per decoding step."""
+
+    def __init__(self, device):
+        self.device = device
+        self.times = []
+
+    def __call__(self, input_ids, scores):
+        synchronize(self.device)
+        self.times.append(time.perf_counter())
+        return scores
+
+
+def decode_step_seconds(model, source, new_tokens: int, device, autocast_dtype) -> list[float]:
+    """Seconds of each greedy decoding step after the first, through `generate` with its cache.
+
+    Entry i is the step whose decoder input holds i + 2 tokens (start token + i + 1 generated), so a model
+    that recomputes its prefix shows step times growing with i well beyond attention's linear cache read.
+    """
+    clock = StepClock(device)
+    kwargs = generation_kwargs(new_tokens, beams=1)
+    with torch.inference_mode(), autocast(device, autocast_dtype):
+        model.generate(source, logits_processor=LogitsProcessorList([clock]), **kwargs)
+    return [later - earlier for earlier, later in itertools.pairwise(clock.times)]
 
 
 def ratio_table(results: list[StepResult], baseline: str) -> str:

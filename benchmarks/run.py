@@ -1,0 +1,590 @@
+"""Speed, memory and decoding cost of every registered positional module vs stock MarianMTModel, one process.
+
+    python benchmarks/run.py --config small --threads 1 --repeats 3          # CPU, every system
+    python benchmarks/run.py --device cuda --bf16 --config base               # GPU: adds length 1024
+    python benchmarks/run.py --systems marian shaw rposnet_precomputed --lengths 32 128
+
+Systems (same dims, fields and seed): "marian" (stock `transformers.MarianMTModel`, the baseline), every
+position encoding of `hf_posenc.POSITION_ENCODINGS` (both stacks), every token mixer of
+`hf_posenc.TOKEN_MIXERS` placed at *all* the self-attention sites it allows (one variant per mixer; cross-
+attention stays content attention, as in paper 2's models) and, for mixers that can fold their position-only
+energies, `<mixer>_precomputed` (inference only). Measured, with systems interleaved and the median of
+--repeats: training-step target tokens/s (fwd+bwd+AdamW) and memory per length, paper 1's forward benchmark
+(one fixed batch forwarded 10×), greedy and beam-4 generation tokens/s (exactly --new-tokens per sequence),
+per-token decoding time vs prefix length, and parameter counts. Writes <output>/benchmarks.md (ratios vs
+stock Marian, machine, versions, date, command, targets), benchmarks_*.png and benchmarks.json.
+"""
+
+import argparse
+import datetime
+import json
+import math
+import platform
+import shlex
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import matplotlib
+import torch
+import transformers
+
+from hf_posenc import POSITION_ENCODINGS, TOKEN_MIXERS
+from hf_posenc.benchmarking import (
+    MARIAN_FIELDS,
+    MODEL_SIZES,
+    System,
+    benchmark_training_steps,
+    build_system,
+    count_parameters,
+    decode_step_seconds,
+    forward_repeated,
+    generation_run,
+    interleaved_median_seconds,
+    synthetic_batch,
+)
+from hf_posenc.posenc_base import CROSS_ATTENTION, TokenMixer
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402  (after selecting the file-only backend)
+
+BASELINE = "marian"
+NOTES_MARKER = "<!-- Everything below this line is kept when benchmarks/run.py rewrites this file. -->"
+# The issue's CPU targets: (system, metric, threshold, higher is better). Metrics are defined in `metric`.
+TARGETS = [
+    ("sinusoidal", "train", 0.98, True),
+    ("sinusoidal", "decode", 0.98, True),
+    ("posnet_embed", "train", 0.95, True),
+    ("posnet_attn", "train", 0.85, True),
+    ("shaw", "train", 0.85, True),
+    ("shaw", "memory", 1.05, False),
+    ("t5_bias", "train", 0.9, True),
+    ("adaptive_t5", "train", 0.9, True),
+    ("alibi", "train", 0.9, True),
+    ("rpe_head", "train", 0.7, True),
+    ("mpr_head", "train", 0.7, True),
+    ("rposnet_precomputed", "decode", 1.10, True),
+]
+# Every system's per-token decoding time growth from the first to the last prefix, over the baseline's growth.
+DECODE_GROWTH_LIMIT = 1.2
+
+
+def registered_systems() -> list[System]:
+    systems = [System(BASELINE, None)]
+    systems += [System(name, {"position_encoding": name}) for name in POSITION_ENCODINGS]
+    for name, mixer in TOKEN_MIXERS.items():
+        if name == "attention":  # the default everywhere: the "sinusoidal" system
+            continue
+        sites = {site: name for site in mixer.allowed_sites if site != CROSS_ATTENTION}
+        systems.append(System(name, sites))
+        if mixer.precompute_position_attention is not TokenMixer.precompute_position_attention:  # it folds
+            systems.append(System(f"{name}_precomputed", sites, precomputed=True))
+    return systems
+
+
+def describe(system: System) -> str:
+    if system.overrides is None:
+        return "stock `transformers.MarianMTModel`"
+    if "position_encoding" in system.overrides:
+        return "position encoding in both stacks"
+    sites = ", ".join(site.replace("_", " ") for site in system.overrides)
+    return f"mixer at {sites}" + (" (folded, inference only)" if system.precomputed else "")
+
+
+def parse_args(argv):
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--systems", nargs="+", help=f"subset (the baseline {BASELINE!r} is always added)")
+    parser.add_argument("--config", choices=sorted(MODEL_SIZES), default="small")
+    parser.add_argument(
+        "--lengths", nargs="+", type=int, help="training lengths (default 32 128 512, +1024 on GPU)"
+    )
+    parser.add_argument("--forward-lengths", nargs="+", type=int, help="default: the training lengths")
+    parser.add_argument("--tokens-per-batch", type=int, default=4096, help="target tokens per training batch")
+    parser.add_argument(
+        "--forward-times", type=int, default=10, help="forwards per measurement (paper 1: 10)"
+    )
+    parser.add_argument("--generation-batch-sizes", nargs="+", type=int, default=[1, 32])
+    parser.add_argument("--beams", nargs="+", type=int, default=[1, 4])
+    parser.add_argument("--source-length", type=int, default=24)
+    parser.add_argument(
+        "--new-tokens", type=int, default=24, help="tokens generated per sequence (min = max)"
+    )
+    parser.add_argument("--decode-prefixes", nargs="+", type=int, default=[10, 25, 50, 100, 200, 400])
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--bf16", action="store_true", help="bf16 autocast (CPU: eager attention)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--peak-tflops",
+        type=float,
+        help="the device's peak dense TFLOP/s in the measured precision (e.g. 989 for H100 SXM bf16): adds "
+        "model FLOPs utilisation of the training step (fwd+bwd FLOPs counted by torch's FlopCounterMode)",
+    )
+    parser.add_argument(
+        "--max-positions", type=int, help="max_position_embeddings (default: the longest length measured)"
+    )
+    parser.add_argument("--output-dir", type=Path, default=Path("docs"))
+    args = parser.parse_args(argv)
+    if args.lengths is None:
+        args.lengths = [32, 128, 512] + ([1024] if torch.device(args.device).type == "cuda" else [])
+    args.forward_lengths = args.forward_lengths or args.lengths
+    return args
+
+
+def select_systems(names: list[str] | None) -> list[System]:
+    systems = registered_systems()
+    if names is None:
+        return systems
+    known = {system.name: system for system in systems}
+    unknown = [name for name in names if name not in known]
+    if unknown:
+        raise SystemExit(f"unknown systems {unknown}; known: {', '.join(known)}")
+    return [known[BASELINE]] + [known[name] for name in dict.fromkeys(names) if name != BASELINE]
+
+
+def model_fields(args) -> dict:
+    decoder_longest = max(args.new_tokens, decode_new_tokens(args)) + 1  # + the start token
+    longest = max(*args.lengths, *args.forward_lengths, args.source_length, decoder_longest)
+    # The longest position any measurement reaches, unless given: modules with position tables (learned, PosNet,
+    # LinearNet, folded aPosNet/rPosNet) grow with it, and no system should pay for positions it never sees.
+    fields = dict(
+        MODEL_SIZES[args.config], **MARIAN_FIELDS, max_position_embeddings=args.max_positions or longest
+    )
+    if args.bf16 and torch.device(args.device).type == "cpu":
+        fields["attn_implementation"] = "eager"  # SDPA's CPU kernels are slow or missing in bf16
+    return fields
+
+
+def measure_training(systems, fields, args, dtype) -> dict:
+    variants = {system.name: system.overrides for system in systems if system.trainable}
+    results = benchmark_training_steps(
+        variants,
+        fields,
+        lengths=args.lengths,
+        tokens_per_batch=args.tokens_per_batch,
+        repeats=args.repeats,
+        steps_per_repeat=1,
+        device=args.device,
+        autocast_dtype=dtype,
+        count_flops=args.peak_tflops is not None,
+    )
+    measured = {
+        "tokens_per_second": {f"{r.variant}@{r.length}": r.tokens_per_second for r in results},
+        "memory_bytes": {f"{r.variant}@{r.length}": r.memory_bytes for r in results},
+    }
+    if args.peak_tflops is not None:  # model FLOPs utilisation: counted FLOPs/s over the device's peak
+        measured["mfu"] = {
+            f"{r.variant}@{r.length}": r.flops_per_token * r.tokens_per_second / (args.peak_tflops * 1e12)
+            for r in results
+        }
+    return measured
+
+
+def eval_models(systems, fields, args) -> dict:
+    return {system.name: build_system(system, fields, args.device, args.seed).eval() for system in systems}
+
+
+def measure_forward(systems, fields, args, dtype) -> dict:
+    seconds = {}
+    for length in args.forward_lengths:
+        models = eval_models(systems, fields, args)
+        batch = synthetic_batch(
+            models[BASELINE].config, max(1, args.tokens_per_batch // length), length, args.device
+        )
+        work = {
+            name: forward_repeated(m, batch, args.forward_times, args.device, dtype)
+            for name, m in models.items()
+        }
+        for name, value in interleaved_median_seconds(work, args.repeats, args.device).items():
+            seconds[f"{name}@{length}"] = value
+    return seconds
+
+
+def measure_generation(models, args, dtype) -> dict:
+    tokens_per_second = {}
+    generator = torch.Generator().manual_seed(args.seed)
+    for batch_size in args.generation_batch_sizes:
+        source = torch.randint(
+            2, models[BASELINE].config.vocab_size, (batch_size, args.source_length), generator=generator
+        )
+        source = source.to(args.device)
+        for beams in args.beams:
+            work = {
+                name: generation_run(m, source, args.new_tokens, beams, args.device, dtype)
+                for name, m in models.items()
+            }
+            for name, value in interleaved_median_seconds(work, args.repeats, args.device).items():
+                tokens_per_second[f"{name}@b{batch_size}k{beams}"] = batch_size * args.new_tokens / value
+    return tokens_per_second
+
+
+def window_half(prefix: int) -> int:
+    """Steps on each side of a prefix whose times are pooled (±10%, at least 2)."""
+    return max(2, prefix // 10)
+
+
+def decode_new_tokens(args) -> int:
+    """Tokens to generate so that the window around the longest prefix is complete."""
+    longest = max(args.decode_prefixes)
+    return longest + window_half(longest) + 1
+
+
+def measure_decode_steps(models, args, dtype) -> dict:
+    """Milliseconds per greedy step (batch 1) at each prefix: fastest repeat, median over a window of steps."""
+    generator = torch.Generator().manual_seed(args.seed)
+    source = torch.randint(
+        2, models[BASELINE].config.vocab_size, (1, args.source_length), generator=generator
+    )
+    source = source.to(args.device)
+    new_tokens = decode_new_tokens(args)
+    for model in models.values():  # warm-up
+        decode_step_seconds(model, source, min(new_tokens, 16), args.device, dtype)
+    runs = {name: [] for name in models}
+    for _ in range(args.repeats):
+        for name, model in models.items():
+            runs[name].append(decode_step_seconds(model, source, new_tokens, args.device, dtype))
+    per_prefix = {}
+    for name, repeats in runs.items():
+        # steps[i]: the step whose cache holds i + 1 tokens. Other jobs on the machine only ever add time, and
+        # their bursts hit runs of consecutive steps, so each step keeps its fastest repeat.
+        steps = [min(values) for values in zip(*repeats, strict=True)]
+        for prefix in args.decode_prefixes:
+            window = steps[max(0, prefix - 1 - window_half(prefix)) : prefix + window_half(prefix)]
+            per_prefix[f"{name}@{prefix}"] = 1e3 * statistics.median(window)
+    return per_prefix
+
+
+def geometric_mean(values) -> float:
+    values = list(values)
+    return math.exp(sum(math.log(v) for v in values) / len(values))
+
+
+def metric(results: dict, system: str, name: str, args) -> tuple[float, float] | None:
+    """(geometric mean, worst) over lengths/settings of a ratio vs the baseline; None if not measured."""
+    if name == "train":
+        table, keys, higher = results["training"]["tokens_per_second"], [f"@{n}" for n in args.lengths], True
+    elif name == "memory":
+        table, keys, higher = results["training"]["memory_bytes"], [f"@{n}" for n in args.lengths], False
+    else:
+        keys = [f"@b{b}k{k}" for b in args.generation_batch_sizes for k in args.beams]
+        table, higher = results["generation"], True
+    if any(system + key not in table for key in keys):
+        return None
+    ratios = [table[system + key] / table[BASELINE + key] for key in keys]
+    return geometric_mean(ratios), (min(ratios) if higher else max(ratios))
+
+
+def decode_growth(results: dict, system: str, args) -> float:
+    """Per-token time at the longest prefix over the shortest, relative to the same growth of the baseline."""
+    steps, first, last = results["decode_ms"], min(args.decode_prefixes), max(args.decode_prefixes)
+    growth = steps[f"{system}@{last}"] / steps[f"{system}@{first}"]
+    return growth / (steps[f"{BASELINE}@{last}"] / steps[f"{BASELINE}@{first}"])
+
+
+def ratio_row(name: str, table: dict, keys: list[str], invert: bool = False) -> str:
+    cells = []
+    for key in keys:
+        if f"{name}@{key}" not in table:
+            cells.append("n/a")
+            continue
+        ratio = table[f"{name}@{key}"] / table[f"{BASELINE}@{key}"]
+        cells.append(f"{1 / ratio if invert else ratio:.2f}")
+    return f"| {name} | " + " | ".join(cells) + " |"
+
+
+def table(title_cells: list[str], rows: list[str]) -> str:
+    return "\n".join(["| " + " | ".join(title_cells) + " |", "|" + " --- |" * len(title_cells), *rows])
+
+
+def mfu_section(results: dict, trained: list[str], args) -> list[str]:
+    if "mfu" not in results["training"]:
+        return []
+    mfu = results["training"]["mfu"]
+    rows = [
+        f"| {n} | " + " | ".join(f"{100 * mfu[f'{n}@{length}']:.1f}%" for length in args.lengths) + " |"
+        for n in trained
+    ]
+    return [
+        f"Model FLOPs utilisation of the training step (absolute; peak {args.peak_tflops} TFLOP/s; forward + "
+        "backward FLOPs as counted by `torch.utils.flop_counter.FlopCounterMode`, optimizer not counted):",
+        "",
+        table(["system", *[f"L={n}" for n in args.lengths]], rows),
+        "",
+    ]
+
+
+def machine_line(args) -> str:
+    cpu = platform.processor() or platform.machine()
+    cpuinfo = Path("/proc/cpuinfo")
+    if cpuinfo.exists():
+        names = [
+            line.split(":", 1)[1].strip() for line in cpuinfo.read_text().splitlines() if "model name" in line
+        ]
+        cpu = names[0] if names else cpu
+    if torch.device(args.device).type == "cuda":
+        cpu += f"; GPU {torch.cuda.get_device_name()}"
+    return (
+        f"{cpu}, {torch.get_num_threads()} thread(s) of {__import__('os').cpu_count()} cores; Python "
+        f"{platform.python_version()}, torch {torch.__version__}, transformers {transformers.__version__}"
+    )
+
+
+def targets_section(results: dict, systems: list[System], args) -> list[str]:
+    names = {system.name for system in systems}
+    lines = [
+        "## Issue targets (CPU)",
+        "",
+        "Ratios vs stock Marian; the judged number is the geometric mean over the training lengths (train,",
+        "memory) or the generation settings (decode); the worst single length/setting is in parentheses.",
+        "",
+    ]
+    for system, name, threshold, higher in TARGETS:
+        if system not in names:
+            continue
+        value = metric(results, system, name, args)
+        if value is None:
+            continue
+        mean, worst = value
+        met = mean >= threshold if higher else mean <= threshold
+        sign = "≥" if higher else "≤"
+        lines.append(
+            f"- {system} {name} {sign} {threshold}: **{'met' if met else 'missed'}**, {mean:.2f} "
+            f"(worst {worst:.2f})"
+        )
+    first, last = min(args.decode_prefixes), max(args.decode_prefixes)
+    growth = {s.name: decode_growth(results, s.name, args) for s in systems if s.name != BASELINE}
+    if growth:
+        missed = [f"{name} {value:.2f}×" for name, value in growth.items() if value > DECODE_GROWTH_LIMIT]
+        worst = max(growth, key=growth.get)
+        lines.append(
+            f"- every system's per-token decode growth {first}→{last} within {DECODE_GROWTH_LIMIT}× of the "
+            f"baseline's: **{'missed' if missed else 'met'}**"
+            + (f" by {', '.join(missed)}" if missed else f", worst {worst} {growth[worst]:.2f}×")
+            + " (all values in the decoding table's last column)"
+        )
+    return lines
+
+
+def line_style(index: int, system: System) -> dict:
+    """The baseline bold black; the others cycle colours, then line styles (about 20 systems share a plot)."""
+    if system.name == BASELINE:
+        return dict(color="black", linewidth=2.5)
+    return dict(linewidth=1, linestyle=("-", "--", ":")[(index - 1) // 10 % 3])
+
+
+def write_plots(results: dict, systems: list[System], args) -> list[str]:
+    paths = []
+    metadata = {"Description": "systems: " + ", ".join(system.name for system in systems)}  # PNG text chunk
+    figure, axes = plt.subplots(1, 2, figsize=(12, 5))
+    for index, system in enumerate(systems):
+        style = line_style(index, system)
+        for axis, measured, lengths in (
+            (axes[0], results["training"]["tokens_per_second"], args.lengths),
+            (axes[1], {k: 1 / v for k, v in results["forward_seconds"].items()}, args.forward_lengths),
+        ):
+            points = [
+                (n, measured[f"{system.name}@{n}"] / measured[f"{BASELINE}@{n}"])
+                for n in lengths
+                if f"{system.name}@{n}" in measured  # inference-only systems have no training numbers
+            ]
+            if points:
+                axis.plot(*zip(*points, strict=True), marker="o", label=system.name, **style)
+    panels = (
+        ("training step (fwd+bwd+AdamW)", args.lengths),
+        (f"forward ×{args.forward_times} (paper 1)", args.forward_lengths),
+    )
+    for axis, (title, lengths) in zip(axes, panels, strict=True):
+        axis.set(xlabel="source = target length", ylabel="throughput / stock Marian", title=title)
+        axis.set_xscale("log", base=2)
+        axis.minorticks_off()
+        axis.set_xticks(lengths, [str(n) for n in lengths])
+        axis.grid(alpha=0.3)
+    axes[1].legend(fontsize=7, ncol=2)
+    figure.tight_layout()
+    paths.append(args.output_dir / "benchmarks_throughput.png")
+    figure.savefig(paths[-1], dpi=110, metadata=metadata)
+    plt.close(figure)
+
+    figure, axis = plt.subplots(figsize=(7, 5))
+    for index, system in enumerate(systems):
+        style = line_style(index, system)
+        milliseconds = [results["decode_ms"][f"{system.name}@{p}"] for p in args.decode_prefixes]
+        axis.plot(args.decode_prefixes, milliseconds, marker="o", label=system.name, **style)
+    axis.set(xlabel="prefix length (tokens in the cache)", ylabel="ms per greedy decoding step (batch 1)")
+    axis.set(title="per-token decoding time vs prefix")
+    axis.grid(alpha=0.3)
+    axis.legend(fontsize=7, ncol=2)
+    figure.tight_layout()
+    paths.append(args.output_dir / "benchmarks_decode.png")
+    figure.savefig(paths[-1], dpi=110, metadata=metadata)
+    plt.close(figure)
+    return [path.name for path in paths]
+
+
+def write_markdown(results: dict, systems: list[System], fields: dict, args, command: str, plots: list[str]):
+    names = [system.name for system in systems]
+    trained = [system.name for system in systems if system.trainable]
+    train, memory = results["training"]["tokens_per_second"], results["training"]["memory_bytes"]
+    lines = [
+        "# Benchmarks: positional modules vs stock MarianMTModel",
+        "",
+        f"Generated by `benchmarks/run.py` on {results['date']}:",
+        "",
+        f"    {command}",
+        "",
+        f"Machine: {results['machine']}. Device `{args.device}`, "
+        f"{'bf16 autocast' if args.bf16 else 'fp32'}, seed {args.seed}, median of {args.repeats} interleaved "
+        "repeats after one warm-up each. All numbers are ratios vs stock `transformers.MarianMTModel` "
+        "measured "
+        "in the same process (absolute times on a shared machine are not comparable across runs).",
+        "",
+        f"Model fields (every system): `{json.dumps(fields)}`. Wall time per phase (s): "
+        f"{json.dumps(results['phase_seconds'])}.",
+        "",
+        "Each token mixer is placed at *all* self-attention sites it allows (one variant per mixer, cross-"
+        "attention stays content attention as in paper 2's models); `*_precomputed` systems are the same "
+        "mixers "
+        "folded with `precompute_position_attention()` and are measured for inference only.",
+        "",
+        "## Systems and parameters",
+        "",
+        table(
+            ["system", "what", "parameters", "ratio"],
+            [
+                f"| {s.name} | {describe(s)} | {results['parameters'][s.name]:,} | "
+                f"{results['parameters'][s.name] / results['parameters'][BASELINE]:.3f} |"
+                for s in systems
+            ],
+        ),
+        "",
+        f"## Training step (target tokens/s of fwd+bwd+AdamW; {args.tokens_per_batch} target tokens per "
+        "batch)",
+        "",
+        "Speed ratio (higher is faster):",
+        "",
+        table(
+            ["system", *[f"L={n}" for n in args.lengths]],
+            [ratio_row(n, train, args.lengths) for n in trained],
+        ),
+        "",
+        "Memory ratio (lower is smaller; CPU: bytes autograd saves for backward + parameters + gradients; "
+        "CUDA: "
+        "`max_memory_allocated` over one step):",
+        "",
+        table(
+            ["system", *[f"L={n}" for n in args.lengths]],
+            [ratio_row(n, memory, args.lengths) for n in trained],
+        ),
+        "",
+        "Stock Marian absolute: "
+        + ", ".join(
+            f"L={n}: {train[f'{BASELINE}@{n}']:,.0f} tok/s, {memory[f'{BASELINE}@{n}'] / 2**20:,.0f} MiB"
+            for n in args.lengths
+        ),
+        "",
+        *mfu_section(results, trained, args),
+        f"## Forward benchmark of paper 1 (Fig. 2): one fixed batch forwarded {args.forward_times}×, "
+        "no gradients",
+        "",
+        "Speed ratio (higher is faster):",
+        "",
+        table(
+            ["system", *[f"L={n}" for n in args.forward_lengths]],
+            [ratio_row(n, results["forward_seconds"], args.forward_lengths, invert=True) for n in names],
+        ),
+        "",
+        f"## Generation (tokens/s; source length {args.source_length}, exactly {args.new_tokens} new tokens "
+        "per "
+        "sequence)",
+        "",
+        "Speed ratio (higher is faster); `b` = batch size, `k` = beams (1 = greedy):",
+        "",
+        table(
+            ["system", *[f"b{b} k{k}" for b in args.generation_batch_sizes for k in args.beams]],
+            [
+                ratio_row(
+                    n,
+                    results["generation"],
+                    [f"b{b}k{k}" for b in args.generation_batch_sizes for k in args.beams],
+                )
+                for n in names
+            ],
+        ),
+        "",
+        "Stock Marian absolute: "
+        + ", ".join(
+            f"b{b} k{k}: {results['generation'][f'{BASELINE}@b{b}k{k}']:,.0f} tok/s"
+            for b in args.generation_batch_sizes
+            for k in args.beams
+        ),
+        "",
+        "## Per-token decoding time vs prefix length (greedy, batch 1, through `generate` with its cache)",
+        "",
+        "Milliseconds per step at each prefix (fastest of the repeats, median over a ±10% window of steps), and the "
+        "growth "
+        f"from prefix {min(args.decode_prefixes)} to {max(args.decode_prefixes)} relative to stock Marian's "
+        "growth (≈1 means no prefix recomputation beyond what attention's cache read costs):",
+        "",
+        table(
+            ["system", *[f"prefix {p}" for p in args.decode_prefixes], "growth vs Marian"],
+            [
+                f"| {n} | "
+                + " | ".join(f"{results['decode_ms'][f'{n}@{p}']:.2f}" for p in args.decode_prefixes)
+                + f" | {decode_growth(results, n, args):.2f} |"
+                for n in names
+            ],
+        ),
+        "",
+        f"Plots: {', '.join(f'[{plot}]({plot})' for plot in plots)}.",
+        "",
+        *targets_section(results, systems, args),
+        "",
+        NOTES_MARKER,
+    ]
+    path = args.output_dir / "benchmarks.md"
+    kept = ""
+    if path.exists() and NOTES_MARKER in path.read_text():
+        kept = path.read_text().split(NOTES_MARKER, 1)[1]
+    path.write_text("\n".join(lines) + (kept or "\n"))
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    torch.set_num_threads(args.threads)
+    systems = select_systems(args.systems)
+    fields = model_fields(args)
+    dtype = torch.bfloat16 if args.bf16 else None
+    args.output_dir.mkdir(parents=True, exist_ok=True)
+
+    results = {
+        "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
+        "machine": machine_line(args),
+        "parameters": {s.name: count_parameters(fields, s.overrides, s.precomputed) for s in systems},
+        "phase_seconds": {},
+    }
+
+    def phase(name: str, measure, *inputs):
+        start = time.perf_counter()
+        print(f"[bench] {name} ({len(systems)} systems) ...", file=sys.stderr, flush=True)
+        results[name] = measure(*inputs, args, dtype)
+        results["phase_seconds"][name] = round(time.perf_counter() - start)
+        print(f"[bench] {name} took {results['phase_seconds'][name]} s", file=sys.stderr, flush=True)
+
+    phase("training", measure_training, systems, fields)
+    phase("forward_seconds", measure_forward, systems, fields)
+    models = eval_models(systems, fields, args)
+    phase("generation", measure_generation, models)
+    phase("decode_ms", measure_decode_steps, models)
+
+    command = "python benchmarks/run.py " + shlex.join(sys.argv[1:] if argv is None else argv)
+    (args.output_dir / "benchmarks.json").write_text(json.dumps({"command": command, **results}, indent=1))
+    plots = write_plots(results, systems, args)
+    write_markdown(results, systems, fields, args, command, plots)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,52 @@
+"""Smoke test of the benchmark command (benchmarks/run.py) on a tiny config: no timing is asserted."""
+
+import json
+import subprocess
+import sys
+
+from conftest import REPO
+
+
+def test_benchmark_command_writes_tables_and_plots_for_every_system(tmp_path):
+    """Protects `make bench`: the one command runs end to end and reports every system against stock Marian."""
+    notes = "hand-written analysis that a rerun must keep"
+    (tmp_path / "benchmarks.md").write_text(
+        "old tables\n<!-- Everything below this line is kept when benchmarks/run.py rewrites this file. -->\n"
+        + notes
+    )
+    command = [sys.executable, str(REPO / "benchmarks" / "run.py"), "--config", "tiny", "--threads", "1"]
+    command += [
+        "--systems",
+        "shaw",
+        "rposnet_precomputed",
+        "--lengths",
+        "8",
+        "16",
+        "--tokens-per-batch",
+        "32",
+    ]
+    command += ["--forward-times", "2", "--repeats", "1", "--generation-batch-sizes", "1", "2"]
+    command += ["--source-length", "5", "--new-tokens", "3", "--decode-prefixes", "3", "6"]
+    command += ["--peak-tflops", "1", "--output-dir", str(tmp_path)]
+    subprocess.run(command, check=True, cwd=REPO, timeout=120)
+
+    markdown = (tmp_path / "benchmarks.md").read_text()
+    for section in ("Training step", "Memory ratio", "Forward benchmark", "Generation", "Per-token decoding"):
+        assert section in markdown
+    for system in ("marian", "shaw", "rposnet_precomputed"):
+        assert f"| {system} |" in markdown
+    assert (
+        "- shaw train ≥ 0.85: **" in markdown and "per-token decode growth 3→6" in markdown
+    )  # targets judged
+    assert "Model FLOPs utilisation" in markdown
+    assert "old tables" not in markdown and markdown.endswith(notes)
+    assert "python benchmarks/run.py --config tiny" in markdown
+
+    results = json.loads((tmp_path / "benchmarks.json").read_text())
+    assert set(results["parameters"]) == {"marian", "shaw", "rposnet_precomputed"}
+    assert "rposnet_precomputed@8" not in results["training"]["tokens_per_second"]  # inference only
+    assert 0 < results["training"]["mfu"]["shaw@16"] < 1
+    assert {"marian@b2k4", "rposnet_precomputed@b2k4"} <= results["generation"].keys()
+    for plot in ("benchmarks_throughput.png", "benchmarks_decode.png"):
+        png = (tmp_path / plot).read_bytes()
+        assert png.startswith(b"\x89PNG") and b"systems: marian, shaw, rposnet_precomputed" in png
