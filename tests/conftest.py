@@ -14,27 +14,29 @@ DATA_DIR = REPO.parent / "shared" / "data" / "multi30k"
 PAD, EOS, VOCAB = 0, 1, 60
 
 
+# The tiny Marian dimensions every test model shares (stock MarianConfig accepts them too).
+TINY_FIELDS = dict(
+    vocab_size=VOCAB,
+    d_model=32,
+    encoder_layers=2,
+    decoder_layers=2,
+    encoder_attention_heads=4,
+    decoder_attention_heads=4,
+    encoder_ffn_dim=64,
+    decoder_ffn_dim=64,
+    max_position_embeddings=64,
+    dropout=0.1,
+    pad_token_id=PAD,
+    decoder_start_token_id=PAD,
+    eos_token_id=EOS,
+    forced_eos_token_id=EOS,
+)
+
+
 def tiny_config(**overrides):
     from hf_posenc import MarianPosEncConfig
 
-    fields = dict(
-        vocab_size=VOCAB,
-        d_model=32,
-        encoder_layers=2,
-        decoder_layers=2,
-        encoder_attention_heads=4,
-        decoder_attention_heads=4,
-        encoder_ffn_dim=64,
-        decoder_ffn_dim=64,
-        max_position_embeddings=64,
-        dropout=0.1,
-        pad_token_id=PAD,
-        decoder_start_token_id=PAD,
-        eos_token_id=EOS,
-        forced_eos_token_id=EOS,
-    )
-    fields.update(overrides)
-    return MarianPosEncConfig(**fields)
+    return MarianPosEncConfig(**{**TINY_FIELDS, **overrides})
 
 
 def tiny_model(seed=0, **overrides):

@@ -5,7 +5,7 @@ import json
 
 import pytest
 import torch
-from conftest import PAD, VOCAB, source_batch, target_batch, tiny_config, tiny_model
+from conftest import PAD, TINY_FIELDS, VOCAB, source_batch, target_batch, tiny_config, tiny_model
 from safetensors import safe_open
 from transformers import AutoConfig, AutoModelForSeq2SeqLM, MarianConfig, MarianMTModel
 
@@ -15,22 +15,7 @@ from hf_posenc.posenc_absolute import marian_sinusoid_table
 
 def stock_marian(seed=0):
     torch.manual_seed(seed)
-    config = MarianConfig(
-        vocab_size=VOCAB,
-        d_model=32,
-        encoder_layers=2,
-        decoder_layers=2,
-        encoder_attention_heads=4,
-        decoder_attention_heads=4,
-        encoder_ffn_dim=64,
-        decoder_ffn_dim=64,
-        max_position_embeddings=64,
-        pad_token_id=PAD,
-        decoder_start_token_id=PAD,
-        eos_token_id=1,
-        forced_eos_token_id=1,
-        scale_embedding=True,
-    )
+    config = MarianConfig(**TINY_FIELDS, scale_embedding=True)
     return MarianMTModel(config).eval()
 
 
