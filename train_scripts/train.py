@@ -194,7 +194,7 @@ def attention_backend(args, precision: str) -> str | None:
     return "eager" if precision == "bf16" and not torch.cuda.is_available() else "sdpa"
 
 
-def build_model(args, tokenizer, backend: str | None):
+def build_model(args, tokenizer, backend: str | None, length_ratio: float = 1.0):
     dims = dict(
         vocab_size=len(tokenizer),
         d_model=args.d_model,
@@ -225,8 +225,19 @@ def build_model(args, tokenizer, backend: str | None):
         "decoder_self_attention": args.decoder_self_attention,
         "cross_attention": args.cross_attention,
     }
-    config = MarianPosEncConfig(**dims, **choices, **json.loads(args.config_overrides))
+    overrides = json.loads(args.config_overrides)
+    if args.cross_attention == "rposnet" and "rposnet_length_ratio" not in overrides:
+        overrides["rposnet_length_ratio"] = length_ratio
+        logger.info("rPosNet cross-attention: gamma = %.4f (mean source/target length ratio)", length_ratio)
+    config = MarianPosEncConfig(**dims, **choices, **overrides)
     return MarianPosEncForConditionalGeneration(config)
+
+
+def source_target_length_ratio(dataset) -> float:
+    """gamma of paper 2 Eq. 10: total source tokens / total target tokens of the training data."""
+    source_tokens = sum(len(ids) for ids in dataset["input_ids"])
+    target_tokens = sum(len(ids) for ids in dataset["labels"])
+    return round(source_tokens / target_tokens, 4)
 
 
 def translation_metrics(tokenizer):
@@ -290,7 +301,9 @@ def main(argv=None):
     if args.eval_steps:
         valid_text = load_split(args, "valid")
         valid_dataset = tokenize_parallel(tokenizer, valid_text.source, valid_text.target, args.max_length)
-    model = build_model(args, tokenizer, attention_backend(args, precision))
+    model = build_model(
+        args, tokenizer, attention_backend(args, precision), source_target_length_ratio(train_dataset)
+    )
     parameters = sum(p.numel() for p in model.parameters())
     logger.info(
         "model: %s, %.2fM parameters, precision %s, attention %s",
