@@ -67,10 +67,14 @@ def test_recipe_with_an_unknown_key_is_rejected(tmp_path, monkeypatch, capsys):
 
 def test_rposnet_cross_attention_gets_the_training_data_length_ratio():
     """Paper 2 Eq. 10: gamma in cross-attention = source/target length ratio, computed by the training script."""
-    dataset = datasets.Dataset.from_dict({"input_ids": [[1, 2, 3], [4, 5, 6, 7, 8]], "labels": [[1, 2], [3, 4]]})
+    dataset = datasets.Dataset.from_dict(
+        {"input_ids": [[1, 2, 3], [4, 5, 6, 7, 8]], "labels": [[1, 2], [3, 4]]}
+    )
     assert train.source_target_length_ratio(dataset) == 2.0
     tokenizer = train.train_joint_bpe(["a b c", "d e f"], vocab_size=40)
-    args = train.parse_args(["--recipe", "multi30k-en-de-tiny", "--cross_attention", "rposnet", "--d_model", "32"])
+    args = train.parse_args(
+        ["--recipe", "multi30k-en-de-tiny", "--cross_attention", "rposnet", "--d_model", "32"]
+    )
     assert train.build_model(args, tokenizer, None, 2.0).config.rposnet_length_ratio == 2.0
     args.config_overrides = json.dumps({"rposnet_length_ratio": 1.3})  # an explicit choice wins
     assert train.build_model(args, tokenizer, None, 2.0).config.rposnet_length_ratio == 1.3
