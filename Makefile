@@ -11,7 +11,7 @@ ARGS ?=
 THREADS ?= 1
 SYSTEMS ?=
 
-.PHONY: install train train-stock test test-all lint bench
+.PHONY: install train train-stock compare test test-all lint bench
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -30,6 +30,11 @@ train: install
 train-stock: install
 	$(PY) train_scripts/train.py --recipe $(RECIPE) --architecture stock_marian --learning_rate 7e-4 \
 		--minutes $(MINUTES) --output_dir outputs/$(RECIPE)-stock-marian $(ARGS)
+
+## Every positional module trained and scored under one recipe, budget and seeds -> docs/results.md
+## (CPU default: tiny recipe, 300 updates, seeds 1 2; resumable. ARGS="--tables main --pairs en-de en-fr ...")
+compare: install
+	$(PY) train_scripts/compare.py $(ARGS)
 
 ## The test suite CI runs (slow end-to-end runs excluded)
 test: install

@@ -415,7 +415,7 @@ class Report:
                 f"| {system} | {self.scores(runs[0])['parameters'] / 1e6:.2f}M | "
                 f"{' / '.join(f'{b:.2f}' for b in bleu)} | {mean_sd(bleu)} | "
                 f"{'' if delta is None else f'{delta:+.2f}'} | {mean_sd(chrf)} | "
-                f"{', '.join(t['bleu']['significance'] + str(t['bleu']['p_value']) for t in tests)} | "
+                f"{bootstrap_cell(tests)} | "
                 f"{verdict(delta, bleu, base_bleu, tests)} |"
             )
         self.lines.append("")
@@ -479,6 +479,11 @@ class Report:
                 model, self.docs / name, title=f"{system}, {pair}, seed {runs[0].seed}"
             ):
                 self.lines += [f"`{system}`:", "", f"![{system}]({name})", ""]
+
+
+def bootstrap_cell(tests: list[dict]) -> str:
+    """'p=0.012**, p=0.300' for the seeds' BLEU bootstrap tests."""
+    return ", ".join(f"p={test['bleu']['p_value']:.3f}{test['bleu']['significance']}" for test in tests)
 
 
 def verdict(delta, bleu, base_bleu, tests) -> str:
