@@ -5,6 +5,9 @@
 Each variant is `name` (a position encoding for both stacks) or `site=mixer` (a token mixer at a site) or
 `field=value,field=value` config overrides, or `marian` (stock transformers.MarianMTModel; benchmarks/run.py
 compares everything against it). Prints a markdown table of ratios (see hf_posenc.benchmarking).
+
+With --memory_breakdown it times nothing and prints, per variant and length, the deterministic CPU memory split
+into activations (saved tensors whose storage is not a parameter), 2 x parameter bytes and the harness metric.
 """
 
 import argparse
@@ -15,7 +18,57 @@ import torch
 import transformers
 
 from hf_posenc import POSITION_ENCODINGS
-from hf_posenc.benchmarking import MARIAN_FIELDS, MODEL_SIZES, benchmark_training_steps, ratio_table
+from hf_posenc.benchmarking import (
+    MARIAN_FIELDS,
+    MODEL_SIZES,
+    benchmark_training_steps,
+    build_model,
+    ratio_table,
+    synthetic_batch,
+    training_memory_bytes,
+)
+
+MIB = 2**20
+
+
+def activation_bytes_excluding_parameters(model, batch) -> int:
+    """Bytes of the tensors autograd saves in one forward whose storage is not a parameter's (each once)."""
+    parameter_storages = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    storages = {}
+
+    def pack(tensor):
+        storage = tensor.untyped_storage()
+        if storage.data_ptr() not in parameter_storages:
+            storages[storage.data_ptr()] = storage.nbytes()
+        return tensor
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+        loss = model(**batch).loss
+    loss.backward()
+    model.zero_grad(set_to_none=True)
+    return sum(storages.values())
+
+
+def memory_breakdown_table(variants: dict, base: dict, lengths, tokens_per_batch: int, baseline: str) -> str:
+    rows = [
+        "| variant | L | activations excl. parameters | ratio | parameters x2 | harness metric | ratio |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for length in lengths:
+        measured = {}
+        for name, overrides in variants.items():
+            model = build_model(base, overrides, "cpu")
+            batch = synthetic_batch(model.config, max(1, tokens_per_batch // length), length, "cpu")
+            activations = activation_bytes_excluding_parameters(model, batch)
+            parameters = 2 * sum(p.numel() * p.element_size() for p in model.parameters())
+            measured[name] = (activations, parameters, training_memory_bytes(model, None, batch, "cpu", None))
+        for name, (activations, parameters, metric) in measured.items():
+            base_activations, _, base_metric = measured[baseline]
+            rows.append(
+                f"| {name} | {length} | {activations / MIB:.1f} MiB | {activations / base_activations:.2f}× | "
+                f"{parameters / MIB:.1f} MiB | {metric / MIB:.1f} MiB | {metric / base_metric:.2f}× |"
+            )
+    return "\n".join(rows)
 
 
 def parse_variant(text: str) -> tuple[str, dict | None]:
@@ -51,6 +104,11 @@ def main():
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--bf16", action="store_true", help="bf16 autocast")
+    parser.add_argument(
+        "--memory_breakdown",
+        action="store_true",
+        help="time nothing; print activations vs parameter memory (CPU, fp32, deterministic)",
+    )
     args = parser.parse_args()
 
     torch.set_num_threads(args.threads)
@@ -61,6 +119,12 @@ def main():
         max_position_embeddings=max(1024, max(args.lengths)),
         dropout=0.1,
     )
+    if args.memory_breakdown:
+        print(
+            f"<!-- config {args.config}, {args.tokens_per_batch} tokens/batch, fp32, torch {torch.__version__} -->"
+        )
+        print(memory_breakdown_table(variants, base, args.lengths, args.tokens_per_batch, args.baseline))
+        return
     results = benchmark_training_steps(
         variants,
         base,

@@ -64,6 +64,9 @@ class MarianPosEncConfig(MarianConfig):
     posnet_dropout: float = 0.0  # on PosNet's output before the residual (reference default 0)
     posnet_shared: bool = True  # encoder and decoder share one PosNet-Embed module (reference)
     posnet_attn_per_head: bool = False  # PosNet-Attn: a kernel per head instead of one per layer
+    # PosNet-Attn: one kernel table for all layers of a stack (and, with posnet_shared, for both stacks) instead
+    # of one per layer; paper 1 Table 1's count implies one table; False keeps earlier checkpoints loadable.
+    posnet_attn_share_layers: bool = False
 
     # recurrent (posenc_recurrent.py)
     # f_RNN over x^r (Chen et al. 2019 Eq. 6): "rnn" (tanh, the paper's; < 2% extra parameters), "gru", "lstm".

@@ -41,20 +41,20 @@ def position_kernel_product(
 
     K is 1 (one kernel for all G groups, e.g. heads) or G (a kernel per group). The product runs as one batched
     matmul over positions with the batch folded into the rows, so the gathered kernels take L·K·d² memory and
-    not B·L·K·d². Rows whose positions differ from the batch's shared ones (padding, which gets clamped
+    not B·L·K·d²; the looked-up kernels are cast to the inputs' dtype. Rows whose positions differ from the batch's shared ones (padding, which gets clamped
     positions) are recomputed token by token, which keeps every token exact.
     """
     batch, length, groups, dim = inputs.shape
     shared_positions = positions.amax(0)  # (L,): the positions of the longest rows
     rows = inputs.permute(1, 2, 0, 3).reshape(length, kernels.shape[1], -1, dim)  # (L, K, G·B/K, d)
-    output = torch.matmul(rows, kernels_at(kernels, shared_positions))  # (L, K, G·B/K, d)
+    output = torch.matmul(rows, kernels_at(kernels, shared_positions).to(inputs.dtype))  # (L, K, G·B/K, d)
     output = output.reshape(length, groups, batch, dim).permute(2, 0, 1, 3)  # (B, L, G, d)
     if positions.shape[0] > 1:
         differs = positions != shared_positions  # (B, L)
         if differs.any():
             row, column = differs.nonzero(as_tuple=True)
             tokens = inputs[row, column].reshape(row.shape[0], kernels.shape[1], -1, dim)  # (N, K, G/K, d)
-            fixed = torch.matmul(tokens, kernels[positions[row, column]])  # (N, K, G/K, d)
+            fixed = torch.matmul(tokens, kernels[positions[row, column]].to(inputs.dtype))  # (N, K, G/K, d)
             output = output.index_put((row, column), fixed.reshape(-1, groups, dim).to(output.dtype))
     return output
 
@@ -156,47 +156,146 @@ class PosNetEmbedding(PositionEncoding):
         return self.network(inputs_embeds, position_ids)  # (B, L, D)
 
 
+class ReluKernelResidual(torch.autograd.Function):
+    """v + Dropout(ReLU(v ⊗ Φ)) (paper 1 Eq. 23 with σ = ReLU) that keeps only v and a 1-byte mask for backward.
+
+    Plain autograd would save the position-major copy of v (for the kernels' gradient) and ReLU's output (for
+    ReLU's gradient): two float tensors of the values' size per layer. Here the forward saves the values v
+    (the value projection's output), the kernel table (a parameter, no extra memory) and one bool mask that
+    folds ReLU's derivative and the dropout mask together; backward recomputes v ⊗ Φ, a d_k×d_k product per
+    token, to get the gradients of v and Φ.
+    """
+
+    @staticmethod
+    def forward(ctx, value, kernels, positions, dropout: float, training: bool):
+        # value (B, H, k, d_k), kernels (L_max, K, d_k, d_k), positions (B|1, k)
+        with torch.autocast(value.device.type, enabled=False):
+            pre_activation = kernel_product_of_values(value, kernels, positions)  # (B, H, k, d_k)
+        mask = pre_activation > 0
+        scale = 1.0
+        if training and dropout > 0:
+            mask &= torch.rand_like(pre_activation) >= dropout
+            scale = 1.0 / (1.0 - dropout)
+        ctx.save_for_backward(value, kernels, positions, mask)
+        ctx.scale = scale
+        update = pre_activation.mul_(mask)
+        if scale != 1.0:
+            update.mul_(scale)
+        return update.add_(value)  # (B, H, k, d_k)
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        value, kernels, positions, mask = ctx.saved_tensors
+        grad_pre_activation = grad_output * mask
+        if ctx.scale != 1.0:
+            grad_pre_activation.mul_(ctx.scale)
+        with torch.enable_grad(), torch.autocast(value.device.type, enabled=False):
+            value_leaf = value.detach().requires_grad_(ctx.needs_input_grad[0])
+            kernels_leaf = kernels.detach().requires_grad_(ctx.needs_input_grad[1])
+            pre_activation = kernel_product_of_values(value_leaf, kernels_leaf, positions)
+            leaves = [leaf for leaf in (value_leaf, kernels_leaf) if leaf.requires_grad]
+            grads = iter(torch.autograd.grad(pre_activation, leaves, grad_pre_activation))
+        grad_value = grad_output + next(grads) if ctx.needs_input_grad[0] else None
+        grad_kernels = next(grads) if ctx.needs_input_grad[1] else None
+        return grad_value, grad_kernels, None, None, None
+
+
+def kernel_product_of_values(
+    value: torch.Tensor, kernels: torch.Tensor, positions: torch.Tensor
+) -> torch.Tensor:
+    """v_j φ_j for attention values (B, H, k, d_k) with kernels (L_max, K, d_k, d_k)."""
+    per_position = value.transpose(1, 2)  # (B, k, H, d_k)
+    return position_kernel_product(per_position, kernels, positions).transpose(1, 2)
+
+
 class PosNetAttention(PositionEncoding):
     """PosNet-Attn (paper 1 Eq. 20/23): self-attention values v_j -> Dropout(σ(v_j φ_j)) + v_j.
 
-    One kernel stack per self-attention layer, `kernels[layer]` ∈ R^{L_max × K × d_k × d_k} with K = 1 (shared by
-    the heads, the paper's single-head notation) or K = heads (`posnet_attn_per_head`). Cross-attention gets
-    no kernels (the model passes it no position encoding). The check against L_max runs once per forward, in
-    `embed`, which otherwise leaves the embeddings unchanged.
+    Kernel tables `kernels[t]` ∈ R^{L_max × K × d_k × d_k} with K = 1 (shared by the heads, the paper's
+    single-head notation) or K = heads (`posnet_attn_per_head`): one table per self-attention layer, or, with
+    `posnet_attn_share_layers`, one table for all layers of the stack, which the decoder takes from the
+    encoder when `posnet_shared` is also set and both stacks use PosNet-Attn (one table for the whole model,
+    as paper 1 Table 1's parameter count implies). Cross-attention gets no kernels (the model passes it no
+    position encoding). The check against L_max runs once per forward, in `embed`, which otherwise leaves the
+    embeddings unchanged. With σ = ReLU the transform runs through `ReluKernelResidual` (memory-lean
+    backward); other activations use plain autograd.
     """
 
     def __init__(self, config, stack):
         super().__init__(config, stack)
         self.max_positions = config.max_position_embeddings
         self.activation = ACT2FN[config.posnet_activation]
+        self.lean_relu = config.posnet_activation == "relu"
         self.dropout = config.posnet_dropout
+        self.share_layers = config.posnet_attn_share_layers
         layers = config.encoder_layers if stack == ENCODER else config.decoder_layers
         heads = config.encoder_attention_heads if stack == ENCODER else config.decoder_attention_heads
         self.head_dim = config.d_model // heads
         kernel_groups = heads if config.posnet_attn_per_head else 1
-        # One parameter per layer, not one (layers, L_max, ...) tensor: indexing a layer out of a joint
+        self.uses_encoder_kernels = stack == DECODER and uses_one_kernel_table_per_model(config)
+        if self.uses_encoder_kernels:
+            self.kernels = None  # set by `tie_to_encoder`
+            return
+        # One parameter per table, not one (layers, L_max, ...) tensor: indexing a layer out of a joint
         # parameter makes every layer's backward materialise a gradient of the whole stack.
         self.kernels = nn.ParameterList(
             nn.Parameter(torch.empty(self.max_positions, kernel_groups, self.head_dim, self.head_dim))
-            for _ in range(layers)
+            for _ in range(1 if self.share_layers else layers)
         )
         self.reset_parameters()
 
     @classmethod
     def check_config(cls, config, stack):
         check_posnet_config(config, stack)
+        if uses_one_kernel_table_per_model(config) and (
+            config.encoder_attention_heads != config.decoder_attention_heads
+        ):
+            raise ValueError(
+                "posnet_attn_share_layers=True with posnet_shared=True shares one kernel table between the "
+                f"stacks, which needs equal head counts (encoder_attention_heads={config.encoder_attention_heads}, "
+                f"decoder_attention_heads={config.decoder_attention_heads}); set posnet_shared=False."
+            )
 
     def reset_parameters(self):
-        # Each layer's (L_max, d_k, d_k) stack is initialised like the reference's Xavier-normal kernels.
+        if self.uses_encoder_kernels:  # the encoder initialises the shared table
+            return
+        # Each (L_max, d_k, d_k) table is initialised like the reference's Xavier-normal kernels.
         for kernels in self.kernels:
             init.normal_(kernels, std=kernel_std(self.max_positions, self.head_dim))
+
+    def tie_to_encoder(self, encoder_encoding: PositionEncoding) -> None:
+        if self.uses_encoder_kernels:
+            # A plain attribute, not a submodule: the encoder owns (saves, loads, initialises) the table.
+            self.__dict__["kernels"] = encoder_encoding.kernels
+
+    def layer_kernels(self, layer_idx: int) -> torch.Tensor:
+        """The kernel table of self-attention layer `layer_idx`: (L_max, K, d_k, d_k)."""
+        if self.kernels is None:
+            raise RuntimeError(
+                "This decoder shares the encoder's PosNet-Attn kernels (posnet_attn_share_layers=True, "
+                "posnet_shared=True) but was built without an encoder; build the whole model, or set "
+                "posnet_shared=False."
+            )
+        return self.kernels[0 if self.share_layers else layer_idx]
 
     def embed(self, inputs_embeds, position_ids, padding_mask, cache):
         check_max_positions(position_ids, self.max_positions, "posnet_attn")
         return inputs_embeds
 
     def transform_values(self, layer_idx, value, value_positions):
-        per_position = value.transpose(1, 2)  # (B, k_new, H, d_k)
-        kernelled = position_kernel_product(per_position, self.kernels[layer_idx], value_positions)
+        kernels = self.layer_kernels(layer_idx)
+        if self.lean_relu:
+            return ReluKernelResidual.apply(value, kernels, value_positions, self.dropout, self.training)
+        kernelled = kernel_product_of_values(value, kernels, value_positions)  # (B, H, k_new, d_k)
         update = nn.functional.dropout(self.activation(kernelled), p=self.dropout, training=self.training)
-        return value + update.transpose(1, 2)  # (B, H, k_new, d_k)
+        return value + update  # (B, H, k_new, d_k)
+
+
+def uses_one_kernel_table_per_model(config) -> bool:
+    """PosNet-Attn in both stacks with one table shared by all layers and by the two stacks."""
+    return (
+        config.posnet_attn_share_layers
+        and config.posnet_shared
+        and config.encoder_position_encoding == "posnet_attn"
+        and config.decoder_position_encoding == "posnet_attn"
+    )

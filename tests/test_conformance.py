@@ -91,6 +91,19 @@ EXTRA_VARIANTS: list[tuple[str, dict]] = [
         },
     ),
     ("adaptive_t5-every-layer", {"position_encoding": "adaptive_t5", "adaptive_t5_every_layer": True}),
+    (
+        "posnet_attn-shared-layers-dropout",
+        {"position_encoding": "posnet_attn", "posnet_attn_share_layers": True, "posnet_dropout": 0.1},
+    ),
+    (
+        "posnet_attn-shared-layers-separate-stacks-gelu",
+        {
+            "position_encoding": "posnet_attn",
+            "posnet_attn_share_layers": True,
+            "posnet_shared": False,
+            "posnet_activation": "gelu",
+        },
+    ),
 ]
 
 

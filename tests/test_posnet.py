@@ -7,7 +7,12 @@ from conftest import PAD, source_batch, target_batch, tiny_config, tiny_model
 
 from hf_posenc import MarianPosEncForConditionalGeneration
 from hf_posenc.posenc_base import positions_from_padding_mask
-from hf_posenc.posenc_posnet import kernels_at, position_kernel_product
+from hf_posenc.posenc_posnet import (
+    ReluKernelResidual,
+    kernel_product_of_values,
+    kernels_at,
+    position_kernel_product,
+)
 
 
 def test_weight_concatenation_equals_positional_kernels():
@@ -114,6 +119,120 @@ def test_posnet_attn_value_transform_matches_equation_23(per_head):
     torch.testing.assert_close(actual, expected)
 
 
+LEAN_POSITIONS = {
+    "consecutive": torch.tensor([[2, 3, 4, 5]]),
+    "padded": torch.tensor([[0, 1, 2, 3], [0, 1, 1, 1]]),  # row 1's clamped padding takes the fix-up path
+}
+
+
+@pytest.mark.parametrize("groups", [1, 2])
+@pytest.mark.parametrize("layout", list(LEAN_POSITIONS))
+def test_lean_relu_transform_passes_gradcheck(groups, layout):
+    """ReluKernelResidual's hand-written backward (recompute v ⊗ Φ, 1-byte mask) gives the exact gradients of
+    v + ReLU(v ⊗ Φ) for both inputs (float64 finite differences), shared or per-head kernels, padded or not."""
+    generator = torch.Generator().manual_seed(2)
+    value = torch.randn(2, 2, 4, 3, generator=generator, dtype=torch.float64, requires_grad=True)
+    kernels = torch.randn(6, groups, 3, 3, generator=generator, dtype=torch.float64, requires_grad=True)
+    positions = LEAN_POSITIONS[layout]
+    assert torch.autograd.gradcheck(
+        lambda v, k: ReluKernelResidual.apply(v, k, positions, 0.0, True), (value, kernels)
+    )
+
+
+def test_lean_relu_transform_equals_plain_autograd():
+    """Output and gradients of ReluKernelResidual equal autograd through v + ReLU(v ⊗ Φ) (float32)."""
+    generator = torch.Generator().manual_seed(3)
+    value = torch.randn(3, 4, 5, 8, generator=generator, requires_grad=True)
+    kernels = torch.randn(9, 1, 8, 8, generator=generator, requires_grad=True)
+    positions = torch.tensor([[0, 1, 2, 3, 4], [0, 1, 2, 2, 2], [0, 1, 2, 3, 3]])
+    upstream = torch.randn(3, 4, 5, 8, generator=generator)
+    lean = ReluKernelResidual.apply(value, kernels, positions, 0.0, True)
+    lean_grads = torch.autograd.grad(lean, (value, kernels), upstream)
+    plain = value + torch.relu(kernel_product_of_values(value, kernels, positions))
+    plain_grads = torch.autograd.grad(plain, (value, kernels), upstream)
+    torch.testing.assert_close(lean, plain)
+    for lean_grad, plain_grad in zip(lean_grads, plain_grads, strict=True):
+        torch.testing.assert_close(lean_grad, plain_grad)
+
+
+def test_lean_relu_transform_dropout_is_inverted_dropout_of_the_relu():
+    """With dropout p, every update entry is 0 or ReLU(v ⊗ Φ)/(1 − p), about a fraction p of the positive ones
+    is dropped, and the gradient is that of v + mask · (v ⊗ Φ)/(1 − p) with the same mask."""
+    generator = torch.Generator().manual_seed(4)
+    value = torch.randn(4, 2, 16, 8, generator=generator, requires_grad=True)
+    kernels = torch.randn(16, 1, 8, 8, generator=generator, requires_grad=True)
+    positions, p = torch.arange(16)[None], 0.25
+    torch.manual_seed(0)
+    output = ReluKernelResidual.apply(value, kernels, positions, p, True)
+    pre_activation = kernel_product_of_values(value, kernels, positions)
+    kept = (output - value).abs() > 0
+    torch.testing.assert_close((output - value)[kept], (pre_activation / (1 - p))[kept])
+    assert bool((pre_activation[kept] > 0).all())
+    dropped_fraction = 1 - kept.sum() / (pre_activation > 0).sum()
+    assert 0.15 < float(dropped_fraction) < 0.35
+    upstream = torch.randn(output.shape, generator=generator)
+    expected = value + kept * pre_activation / (1 - p)
+    for actual_grad, expected_grad in zip(
+        torch.autograd.grad(output, (value, kernels), upstream),
+        torch.autograd.grad(expected, (value, kernels), upstream),
+        strict=True,
+    ):
+        torch.testing.assert_close(actual_grad, expected_grad)
+
+
+@pytest.mark.parametrize(("activation", "lean"), [("relu", True), ("gelu", False)])
+def test_posnet_attn_saves_only_the_values_and_a_byte_mask_with_relu(activation, lean):
+    """Activation memory (paper 1 Table 3): with ReLU, transform_values keeps for backward only the values
+    (the value projection's output), a bool mask and the kernel table; other activations use plain autograd,
+    which also keeps float intermediates."""
+    model = tiny_model(position_encoding="posnet_attn", posnet_activation=activation).train()
+    encoding = model.model.encoder.position_encoding
+    projected = torch.randn(2, 5, 32, requires_grad=True)
+    value = projected.view(2, 5, 4, 8).transpose(1, 2)  # (B, H, k, d_k), a view like the attention's
+    saved = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
+        encoding.transform_values(0, value, torch.arange(5)[None])
+    parameter_storages = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    floats = {
+        t.untyped_storage().data_ptr()
+        for t in saved
+        if t.is_floating_point() and t.untyped_storage().data_ptr() not in parameter_storages
+    }
+    if lean:
+        assert floats == {projected.untyped_storage().data_ptr()}
+        assert {t.dtype for t in saved if not t.is_floating_point()} == {torch.bool, torch.int64}
+    else:
+        assert len(floats) > 1
+
+
+def test_posnet_attn_shared_across_layers_uses_one_table_for_the_whole_model(tmp_path):
+    """posnet_attn_share_layers with posnet_shared: every self-attention layer of both stacks reads one kernel
+    table (saved once, tied again after loading); the model has (layers − 1) tables fewer than per layer."""
+    model = tiny_model(position_encoding="posnet_attn", posnet_attn_share_layers=True)
+    encoder, decoder = model.model.encoder.position_encoding, model.model.decoder.position_encoding
+    table = encoder.layer_kernels(0)
+    assert all(e.layer_kernels(i) is table for e in (encoder, decoder) for i in range(2))
+    kernel_keys = [key for key in model.state_dict() if ".kernels." in key]
+    assert kernel_keys == ["model.encoder.position_encoding.kernels.0"]
+    per_layer = tiny_model(position_encoding="posnet_attn")
+    extra = sum(p.numel() for p in per_layer.parameters()) - sum(p.numel() for p in model.parameters())
+    assert extra == 3 * table.numel()  # 4 self-attention layers, one table left
+    model.save_pretrained(tmp_path)
+    loaded = MarianPosEncForConditionalGeneration.from_pretrained(tmp_path)
+    loaded_table = loaded.model.encoder.position_encoding.layer_kernels(0)
+    assert loaded.model.decoder.position_encoding.layer_kernels(1) is loaded_table
+    torch.testing.assert_close(loaded_table, table, atol=0, rtol=0)
+
+
+def test_posnet_attn_shared_layers_with_separate_stacks_gives_one_table_per_stack():
+    """posnet_attn_share_layers without posnet_shared: the layers of a stack share its table, the stacks don't."""
+    model = tiny_model(position_encoding="posnet_attn", posnet_attn_share_layers=True, posnet_shared=False)
+    encoder, decoder = model.model.encoder.position_encoding, model.model.decoder.position_encoding
+    assert encoder.layer_kernels(0) is encoder.layer_kernels(1)
+    assert decoder.layer_kernels(0) is decoder.layer_kernels(1)
+    assert decoder.layer_kernels(0) is not encoder.layer_kernels(0)
+
+
 def test_posnet_attn_caches_transformed_values():
     """In incremental decoding the self-attention cache holds σ(v_j φ_j) + v_j, so a step transforms one value."""
     model = tiny_model(position_encoding="posnet_attn")
@@ -193,9 +312,17 @@ def test_shared_posnet_counts_its_parameters_once():
         ({"posnet_activation": "swishy"}, "posnet_activation='swishy'.*relu"),
         ({"posnet_dim": 0}, "posnet_dim=0"),
         ({"posnet_dropout": 1.0}, "posnet_dropout=1.0"),
+        (
+            {
+                "position_encoding": "posnet_attn",
+                "posnet_attn_share_layers": True,
+                "decoder_attention_heads": 2,
+            },
+            "decoder_attention_heads=2",
+        ),
     ],
 )
 def test_bad_posnet_hyperparameters_fail_at_config_time(overrides, message):
     """Impossible PosNet settings raise a ValueError naming the value when the config is built."""
     with pytest.raises(ValueError, match=message):
-        tiny_config(position_encoding="posnet_embed", **overrides)
+        tiny_config(**{"position_encoding": "posnet_embed", **overrides})
