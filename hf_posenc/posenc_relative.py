@@ -23,7 +23,7 @@ import torch
 from torch import nn
 from transformers import initialization as init
 
-from .posenc_base import ENCODER, PositionContext, PositionEncoding, additive_mask, causal_mask
+from .posenc_base import ENCODER, PositionContext, PositionEncoding, causal_mask
 
 
 def relative_distances(context: PositionContext) -> torch.Tensor:
@@ -53,40 +53,31 @@ def require_positive(config, *fields: str) -> None:
             raise ValueError(f"{field}={value} must be a positive integer.")
 
 
-class RecomputingAttentionFunction(torch.autograd.Function):
-    """Attention that keeps no (B, H, q, k) float tensor for backward: it recomputes the weights there.
-
-    Serves Shaw's attention (Eq. 3-5, with the key and value tables) and, without tables, content attention
-    with a trainable additive score bias (T5, Adaptive-T5), whose bias gradient PyTorch's fused CPU SDPA
-    kernel cannot return (with a mask that needs a gradient, CPU SDPA runs its unfused math kernel, which
-    keeps the softmax output and scaled copies of q and k per layer).
+class ShawAttentionFunction(torch.autograd.Function):
+    """Shaw attention (Eq. 3-5) that keeps no (B, H, q, k) tensor for backward: it recomputes the weights.
 
     Autograd through the plain formula saves the softmax output and the dropped-out weights of every layer,
-    (B, H, q, k) each. Here forward saves only queries, keys, values, the tables, the distance index (one
-    byte per (i, j)), the mask and the row log-sum-exp (B, H, q, 1), and backward recomputes
-    alpha = exp(scores - logsumexp) from them (one more q.k^T, and q.w^K, per layer, as flash attention
-    does); with attention dropout it also keeps the (B, H, q, k) boolean keep-mask, a byte per weight.
+    (B, H, q, k) each, which content attention's fused SDPA kernel never stores. Here forward saves only
+    queries, keys, values, the two tables, the distance index (one byte per (i, j)), the mask and the row
+    log-sum-exp (B, H, q, 1), and backward recomputes alpha = exp(scores - logsumexp) from them (one more
+    q.k^T and q.w^K product per layer); with attention dropout it also keeps the (B, H, q, k) boolean
+    keep-mask, a byte per weight.
 
-    Gradients, with S the scores (scaled, plus mask), alpha = softmax(S), alpha' = dropout(alpha), s the
-    scaling and dZ the output gradient:
+    Gradients, with S the scaled scores, alpha = softmax(S), alpha' = dropout(alpha), dZ the output gradient:
     dalpha' = dZ V^T + (dZ w^V^T)[r_ij];  dS = alpha (dalpha - sum_j alpha dalpha) (softmax);
     dQ = (dS K + scatter_r(dS) w^K) s;  dK = dS^T Q s;  dV = alpha'^T dZ;  dw^K = scatter_r(dS)^T Q s;
-    dw^V = scatter_r(alpha')^T dZ;  dmask = dS summed over the dimensions the mask broadcasts over
-    (dbias = sum_b dS for a (1, H, q, k) bias), where scatter_r sums a (B, H, q, k) tensor over the keys at
-    each clipped distance r, giving (B, H, q, 2k+1). Without tables the r terms vanish.
+    dw^V = scatter_r(alpha')^T dZ, where scatter_r sums a (B, H, q, k) tensor over the keys at each clipped
+    distance r, giving (B, H, q, 2k+1).
     """
 
     @staticmethod
     def forward(ctx, query, key, value, key_table, value_table, index, mask, scaling, dropout):
-        """query (B, H, q, Dh), key/value (B, H, k, Dh), tables (2k+1, Dh) or None, index (B|1, 1, q, k)
-        clipped distance rows or None, mask None / bool (True = attend) / float additive (may need a
-        gradient), broadcastable to (B, H, q, k). Returns the output (B, H, q, Dh) and the (dropped-out)
-        weights alpha' (B, H, q, k)."""
-        compact_index = None
-        if key_table is not None:
-            compact_index = index.to(torch.uint8 if key_table.shape[0] <= 256 else torch.int32)  # 1 byte
-            index = index.expand(*query.shape[:3], key.shape[2])  # (B, H, q, k)
-        scores = attention_scores(query, key, key_table, index, mask, scaling)  # (B, H, q, k)
+        """query (B, H, q, Dh), key/value (B, H, k, Dh), tables (2k+1, Dh), index (B|1, 1, q, k) clipped
+        distance rows, mask None / bool (True = attend) / float additive, broadcastable to (B, H, q, k).
+        Returns the output (B, H, q, Dh) and the (dropped-out) weights alpha' (B, H, q, k)."""
+        compact_index = index.to(torch.uint8 if key_table.shape[0] <= 256 else torch.int32)  # saved: 1 byte
+        index = index.expand(*query.shape[:3], key.shape[2])  # (B, H, q, k)
+        scores = shaw_scores(query, key, key_table, index, mask, scaling)  # (B, H, q, k)
         log_normaliser = torch.logsumexp(scores, dim=-1, keepdim=True)  # (B, H, q, 1)
         weights = scores.sub_(log_normaliser).exp_()  # in place: (B, H, q, k) buffers dominate the time
         keep = None
@@ -94,9 +85,9 @@ class RecomputingAttentionFunction(torch.autograd.Function):
             keep = torch.rand_like(weights) >= dropout  # (B, H, q, k) bool
             weights.mul_(keep).div_(1 - dropout)
         weights = weights.to(value.dtype)
-        output = torch.matmul(weights, value)  # (B, H, q, Dh)
-        if key_table is not None:
-            output += torch.matmul(per_distance_sum(weights, index, key_table.shape[0]), value_table)  # Eq. 3
+        output = torch.matmul(weights, value) + torch.matmul(
+            per_distance_sum(weights, index, key_table.shape[0]), value_table
+        )  # Eq. 3
         ctx.save_for_backward(
             query, key, value, key_table, value_table, compact_index, mask, log_normaliser, keep
         )
@@ -110,45 +101,33 @@ class RecomputingAttentionFunction(torch.autograd.Function):
         query, key, value, key_table, value_table, compact_index, mask, log_normaliser, keep = (
             ctx.saved_tensors
         )
-        index = None
-        if compact_index is not None:
-            index = compact_index.long().expand(*query.shape[:3], key.shape[2])  # (B, H, q, k)
-        weights = attention_scores(query, key, key_table, index, mask, ctx.scaling)
-        weights = weights.sub_(log_normaliser).exp_()  # (B, H, q, k)
+        index = compact_index.long().expand(*query.shape[:3], key.shape[2])  # (B, H, q, k)
+        distances = key_table.shape[0]
+        weights = shaw_scores(query, key, key_table, index, mask, ctx.scaling).sub_(log_normaliser).exp_()
         dropped = weights if keep is None else weights * keep / (1 - ctx.dropout)
         dropped = dropped.to(value.dtype)  # (B, H, q, k)
         grad_value = torch.matmul(dropped.transpose(2, 3), grad_output)  # (B, H, k, Dh)
+        grad_value_table = torch.einsum(
+            "bhqr,bhqd->rd", per_distance_sum(dropped, index, distances), grad_output
+        )  # (2k+1, Dh)
         grad_dropped = torch.matmul(grad_output, value.transpose(2, 3))  # (B, H, q, k)
-        grad_key_table = grad_value_table = grad_mask = None
-        if index is not None:
-            grad_value_table = torch.einsum(
-                "bhqr,bhqd->rd", per_distance_sum(dropped, index, key_table.shape[0]), grad_output
-            )  # (2k+1, Dh)
-            grad_dropped += torch.matmul(grad_output, value_table.T).gather(-1, index)
+        grad_dropped += torch.matmul(grad_output, value_table.T).gather(-1, index)
         grad_weights = grad_dropped.to(weights.dtype)
         if keep is not None:
             grad_weights.mul_(keep).div_(1 - ctx.dropout)
         row_dot = (weights * grad_weights).sum(-1, keepdim=True)  # (B, H, q, 1)
-        grad_scores = grad_weights.sub_(row_dot).mul_(weights)  # dS, (B, H, q, k)
-        if ctx.needs_input_grad[6]:
-            grad_mask = grad_scores.sum_to_size(mask.shape).to(mask.dtype)  # e.g. (1, H, q, k): sum over b
-        grad_scores = grad_scores.to(query.dtype)
-        grad_query = torch.matmul(grad_scores, key)  # (B, H, q, Dh), scaled below
-        grad_key = torch.matmul(grad_scores.transpose(2, 3), query).mul_(ctx.scaling)  # (B, H, k, Dh)
-        if index is not None:
-            grad_per_distance = per_distance_sum(grad_scores, index, key_table.shape[0])  # (B, H, q, 2k+1)
-            grad_query += torch.matmul(grad_per_distance, key_table)
-            grad_key_table = torch.einsum("bhqr,bhqd->rd", grad_per_distance, query).mul_(ctx.scaling)
-        grad_query.mul_(ctx.scaling)
-        return grad_query, grad_key, grad_value, grad_key_table, grad_value_table, None, grad_mask, None, None
+        grad_scores = grad_weights.sub_(row_dot).mul_(weights).mul_(ctx.scaling).to(query.dtype)
+        grad_per_distance = per_distance_sum(grad_scores, index, distances)  # (B, H, q, 2k+1)
+        grad_query = torch.matmul(grad_scores, key) + torch.matmul(grad_per_distance, key_table)
+        grad_key = torch.matmul(grad_scores.transpose(2, 3), query)
+        grad_key_table = torch.einsum("bhqr,bhqd->rd", grad_per_distance, query)
+        return grad_query, grad_key, grad_value, grad_key_table, grad_value_table, *(None,) * 4
 
 
-def attention_scores(query, key, key_table, index, mask, scaling) -> torch.Tensor:
-    """(q_i k_j^T [+ q_i w^K[r_ij]^T (Shaw Eq. 4)]) * scaling with the mask applied: (B, H, q, k), at least
-    float32. `key_table` and `index` None: plain scaled dot products."""
+def shaw_scores(query, key, key_table, index, mask, scaling) -> torch.Tensor:
+    """Eq. 4 with the mask applied: (q_i k_j^T + q_i w^K[r_ij]^T) * scaling, (B, H, q, k), at least float32."""
     scores = torch.matmul(query, key.transpose(2, 3))  # (B, H, q, k)
-    if key_table is not None:
-        scores += torch.matmul(query, key_table.T).gather(-1, index)
+    scores += torch.matmul(query, key_table.T).gather(-1, index)
     scores = scores.to(torch.promote_types(scores.dtype, torch.float32)).mul_(scaling)
     if mask is None:
         return scores
@@ -172,7 +151,7 @@ class ShawRelativePositionEncoding(PositionEncoding):
     Efficiency (Sec. 3.3, the tensor2tensor reshaping idea): no (B, H, q, k, d_h) tensor is formed. The key
     term is q_i . w^K[r] for the 2k + 1 distances r, a (B, H, q, 2k+1) matmul, then gathered to (B, H, q, k);
     the value term sums the weights alpha_ij that fall on each clipped distance (a scatter-add into
-    (B, H, q, 2k+1)) and multiplies by w^V. `RecomputingAttentionFunction` recomputes the weights in backward, so,
+    (B, H, q, 2k+1)) and multiplies by w^V. `ShawAttentionFunction` recomputes the weights in backward, so,
     like SDPA, a layer keeps no (B, H, q, k) float tensor for the backward pass.
     """
 
@@ -204,10 +183,10 @@ class ShawRelativePositionEncoding(PositionEncoding):
         return relative_distances(context).clamp(-k, k) + k
 
     def attend(self, module, query, key, value, attention_mask, context, dropout):
-        """Eq. 3-5 through `RecomputingAttentionFunction`; returns (B, q, H, Dh) and the weights alpha (B, H, q, k)."""
+        """Eq. 3-5 through `ShawAttentionFunction`; returns (B, q, H, Dh) and the weights alpha (B, H, q, k)."""
         if attention_mask is None and module.is_causal:
             attention_mask = causal_mask(context)  # (B|1, 1, q, k)
-        output, weights = RecomputingAttentionFunction.apply(
+        output, weights = ShawAttentionFunction.apply(
             query,
             key,
             value,
@@ -246,34 +225,7 @@ def t5_relative_bucket(
     return offset + torch.where(distance < exact, distance, logarithmic)
 
 
-class RecomputedBiasAttention(PositionEncoding):
-    """Base of the trainable score-bias schemes (T5, Adaptive-T5): SDPA, except when training on the CPU.
-
-    Folding the bias into the mask keeps SDPA's fused kernel when the bias needs no gradient (inference,
-    frozen tables) and on CUDA, whose fused kernels return the bias gradient. PyTorch's CPU SDPA has no fused
-    kernel for a mask that needs a gradient and falls back to its unfused math kernel, which keeps the
-    (B, H, q, k) softmax output and scaled copies of q and k per layer. There, and only there, attention
-    runs through `RecomputingAttentionFunction` without tables: same values, weights recomputed in backward,
-    dbias = sum_b dS.
-    """
-
-    @property
-    def has_custom_attention(self) -> bool:
-        return torch.is_grad_enabled() and any(
-            parameter.requires_grad and parameter.device.type == "cpu" for parameter in self.parameters()
-        )
-
-    def attend(self, module, query, key, value, attention_mask, context, dropout):
-        """softmax(q.k^T s + bias) v for a layer with a bias; returns (B, q, H, Dh) and the weights."""
-        bias = self.score_bias(module.layer_idx, context)  # (B|1, H, q, k)
-        mask = additive_mask(attention_mask, bias.to(query.dtype), context, module.is_causal)
-        output, weights = RecomputingAttentionFunction.apply(
-            query, key, value, None, None, None, mask, module.scaling, dropout
-        )
-        return output.transpose(1, 2).contiguous(), weights  # (B, q, H, Dh)
-
-
-class T5BiasPositionEncoding(RecomputedBiasAttention):
+class T5BiasPositionEncoding(PositionEncoding):
     """T5 relative attention bias: scores_h(i, j) += b_h[bucket(j - i)] (Raffel et al. 2020, Sec. 2.1).
 
     One (num_buckets, H) table per stack, shared by all its layers as in T5; bidirectional buckets in the
@@ -317,7 +269,7 @@ class T5BiasPositionEncoding(RecomputedBiasAttention):
         return self.bias(buckets).T[:, index].movedim(0, 1)  # (B|1, H, q, k)
 
 
-class AdaptiveT5PositionEncoding(RecomputedBiasAttention):
+class AdaptiveT5PositionEncoding(PositionEncoding):
     """Adaptive-T5 (Wu et al., AAAI 2021): T5's bias with learned soft buckets, as restated in issue 3.
 
     With r = j - i, head h:  f_h(r) = 1 - exp(-alpha_h r) for r > 0 and f_h(r) = 1 - exp(beta_h r) for
@@ -373,11 +325,6 @@ class AdaptiveT5PositionEncoding(RecomputedBiasAttention):
             bound = fan_in**-0.5
             init.uniform_(weight, -bound, bound)
             init.uniform_(bias, -bound, bound)
-
-    @property
-    def has_custom_attention(self) -> bool:
-        # first layer only: the other layers have no bias, so content attention's SDPA path serves them all
-        return self.every_layer and super().has_custom_attention
 
     def bias_per_distance(self, table: int, distances: torch.Tensor) -> torch.Tensor:
         """bias_h(r) for distances r (R,): (H, R)."""

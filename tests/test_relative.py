@@ -327,10 +327,10 @@ def direct_shaw_attention(query, key, value, key_table, value_table, index, mask
 
 @pytest.mark.parametrize("dropout", [0.0, 0.3])
 def test_shaw_recomputing_backward_equals_autograd_through_the_equations(dropout):
-    """The hand-written backward of RecomputingAttentionFunction (weights recomputed, not saved) gives the same
+    """The hand-written backward of ShawAttentionFunction (weights recomputed, not saved) gives the same
     gradients for queries, keys, values and both tables as autograd through Eq. 3-5, with padding and
     attention dropout (the keep-mask is replayed from the same seed)."""
-    from hf_posenc.posenc_relative import RecomputingAttentionFunction
+    from hf_posenc.posenc_relative import ShawAttentionFunction
 
     generator = torch.Generator().manual_seed(0)
     batch, heads, length, head_dim, clip = 2, 3, 6, 4, 2
@@ -347,7 +347,7 @@ def test_shaw_recomputing_backward_equals_autograd_through_the_equations(dropout
     upstream = torch.randn(batch, heads, length, head_dim, generator=generator, dtype=torch.float64)
 
     torch.manual_seed(1)
-    output, weights = RecomputingAttentionFunction.apply(*inputs, index, mask, 0.5, dropout)
+    output, weights = ShawAttentionFunction.apply(*inputs, index, mask, 0.5, dropout)
     actual = torch.autograd.grad(output, inputs, upstream)
     torch.manual_seed(1)
     keep = torch.rand(batch, heads, length, length, dtype=torch.float64) >= dropout  # what forward drew
