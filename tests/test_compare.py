@@ -63,9 +63,12 @@ def test_tiny_real_comparison_writes_scores_significance_and_probe_and_resumes(t
     )  # no positions anywhere: Eq. 9 holds in the trained model
     assert (tmp_path / "docs" / "results_en-de_learned_positions.png").is_file()
     assert (tmp_path / "docs" / "results_en-de_ngram_sweep.png").is_file()
+    results = tmp_path / "docs" / "results.md"
+    results.write_text(results.read_text() + "Reading of the numbers, by hand.\n")
     scores_written = (folder / "scores.json").stat().st_mtime
     caplog.clear()
     caplog.set_level(logging.INFO, logger="compare")
     compare.main(arguments)
     assert (folder / "scores.json").stat().st_mtime == scores_written
     assert "none seed 1 en-de: done before" in caplog.text
+    assert results.read_text().endswith(compare.NOTES_MARKER + "\nReading of the numbers, by hand.\n")  # kept

@@ -43,6 +43,7 @@ from hf_posenc.word_order_probe import word_order_probe
 logger = logging.getLogger("compare")
 REPO = Path(__file__).resolve().parents[1]
 BASELINE = "sinusoidal"
+NOTES_MARKER = "<!-- Everything below this line is kept when train_scripts/compare.py rewrites this file. -->"
 
 
 def both_self_attention_sites(mixer: str) -> list[str]:
@@ -365,7 +366,8 @@ class Report:
         for pair in args.pairs:
             self.pair_section(pair)
         path = Path(args.results)
-        path.write_text("\n".join(self.lines) + "\n")
+        kept = path.read_text().partition(NOTES_MARKER)[2] if path.is_file() else ""
+        path.write_text("\n".join(self.lines) + f"\n{NOTES_MARKER}{kept or chr(10)}")
         return path
 
     def pair_section(self, pair: str) -> None:
