@@ -176,3 +176,53 @@ def test_lightconv_equals_a_depthwise_convolution(site):
     left, right = (4, 0) if site == DECODER_SELF_ATTENTION else (2, 2)
     convolved = torch.nn.functional.conv1d(torch.nn.functional.pad(values, (left, right)), kernel, groups=32)
     torch.testing.assert_close(out, mixer.out_proj(convolved.transpose(1, 2)), atol=1e-5, rtol=1e-5)
+
+
+def test_rposnet_layers_of_a_stack_share_one_position_table_that_survives_save_and_load(tmp_path):
+    """Paper 2 §4.1: ñ is shared across layers; one table per stack (decoder self + cross share the decoder's),
+    stored once in the checkpoint and tied again after loading."""
+    from transformers import AutoModelForSeq2SeqLM
+
+    def tables(model):
+        return sorted(name for name, _ in model.named_parameters() if "position_vectors" in name)
+
+    def read_tables(model):
+        encoder, decoder = model.model.encoder.layers, model.model.decoder.layers
+        return [
+            [layer.self_attn.query_position_vectors() for layer in encoder],
+            [m.query_position_vectors() for layer in decoder for m in (layer.self_attn, layer.encoder_attn)],
+        ]
+
+    model = tiny_model(**ALL_SITES_RPOSNET)
+    assert tables(model) == [
+        "model.decoder.layers.0.self_attn.position_vectors",
+        "model.encoder.layers.0.self_attn.position_vectors",
+    ]
+    for stack in read_tables(model):
+        assert all(table is stack[0] for table in stack)
+    assert read_tables(model)[0][0] is not read_tables(model)[1][0]
+
+    model.save_pretrained(tmp_path)
+    loaded = AutoModelForSeq2SeqLM.from_pretrained(tmp_path).eval()
+    assert tables(loaded) == tables(model)
+    for stack, original in zip(read_tables(loaded), read_tables(model), strict=True):
+        assert all(table is stack[0] for table in stack)
+        assert torch.equal(stack[0], original[0])
+
+
+def test_shared_position_table_is_dropped_only_when_no_unfolded_layer_reads_it():
+    """Folding layer by layer keeps ñ while another rPosNet layer of the stack still computes its energies."""
+    model = tiny_model(**ALL_SITES_RPOSNET)
+    src, mask = source_batch()
+    tgt = target_batch()
+    with torch.no_grad():
+        before = model(input_ids=src, attention_mask=mask, decoder_input_ids=tgt).logits
+    encoder_layers = model.model.encoder.layers
+    encoder_layers[0].self_attn.precompute_position_attention()
+    assert hasattr(encoder_layers[0].self_attn, "position_vectors")  # layer 1 still needs it
+    with torch.no_grad():
+        half = model(input_ids=src, attention_mask=mask, decoder_input_ids=tgt).logits
+    torch.testing.assert_close(half, before, atol=1e-5, rtol=0)
+    encoder_layers[1].self_attn.precompute_position_attention()
+    assert not hasattr(encoder_layers[0].self_attn, "position_vectors")
+    assert hasattr(model.model.decoder.layers[0].self_attn, "position_vectors")  # the decoder's own table
