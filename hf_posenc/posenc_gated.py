@@ -233,6 +233,9 @@ class RPosNetAttention(PositionAttention):
     """
 
     folded_away = ("q_proj", "relative_embeddings")
+    #: Paper 2 §5.2: rPosNet models take learned absolute input embeddings; the config picks this for a stack
+    #: whose self-attention is rPosNet unless its position encoding is set explicitly.
+    recommended_position_encoding = "learned"
 
     def __init__(self, config, site, layer_idx):
         self.max_relative_position = config.rposnet_max_relative_position

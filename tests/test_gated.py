@@ -1,5 +1,6 @@
 """Gated position-based attention (paper 2) and the position-only mixers, against direct implementations."""
 
+import json
 import math
 
 import pytest
@@ -226,3 +227,48 @@ def test_shared_position_table_is_dropped_only_when_no_unfolded_layer_reads_it()
     encoder_layers[1].self_attn.precompute_position_attention()
     assert not hasattr(encoder_layers[0].self_attn, "position_vectors")
     assert hasattr(model.model.decoder.layers[0].self_attn, "position_vectors")  # the decoder's own table
+
+
+def test_each_stack_defaults_to_the_input_embedding_paper_2_pairs_with_its_self_attention_mixer():
+    """Paper 2 §5.2: rPosNet with learned absolute embeddings, every other mixer with sinusoids; per stack."""
+    config = tiny_config(encoder_self_attention="rposnet", decoder_self_attention="aposnet")
+    assert (config.encoder_position_encoding, config.decoder_position_encoding) == ("learned", "sinusoidal")
+    config = tiny_config(decoder_self_attention="rposnet", cross_attention="rposnet")
+    assert (config.encoder_position_encoding, config.decoder_position_encoding) == ("sinusoidal", "learned")
+    config = tiny_config(cross_attention="rposnet")  # cross-attention does not decide a stack's input
+    assert (config.encoder_position_encoding, config.decoder_position_encoding) == ("sinusoidal", "sinusoidal")
+
+
+def test_an_explicit_position_encoding_wins_over_the_recommended_one():
+    """The user's choice (per stack or with the shorthand) is never replaced by the mixer's recommendation."""
+    config = tiny_config(
+        encoder_self_attention="rposnet", decoder_self_attention="rposnet", encoder_position_encoding="none"
+    )
+    assert (config.encoder_position_encoding, config.decoder_position_encoding) == ("none", "learned")
+    config = tiny_config(encoder_self_attention="rposnet", position_encoding="sinusoidal")
+    assert (config.encoder_position_encoding, config.decoder_position_encoding) == ("sinusoidal", "sinusoidal")
+    config = tiny_config(encoder_self_attention="gaussian", encoder_position_encoding="learned")
+    assert config.encoder_position_encoding == "learned"
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        dict(encoder_self_attention="rposnet", decoder_self_attention="rposnet"),
+        dict(encoder_self_attention="rposnet", decoder_self_attention="rposnet", position_encoding="sinusoidal"),
+        dict(decoder_self_attention="rposnet", encoder_position_encoding="learned"),
+    ],
+    ids=["recommended", "explicit-sinusoidal", "mixed"],
+)
+def test_resolved_position_encodings_round_trip_through_config_json(overrides, tmp_path):
+    """config.json stores the resolved encodings, so a saved config reloads with exactly the same values
+    (an explicit "sinusoidal" next to rPosNet must not come back as the recommended "learned")."""
+    from hf_posenc import MarianPosEncConfig
+
+    config = tiny_config(**overrides)
+    config.save_pretrained(tmp_path)
+    saved = json.loads((tmp_path / "config.json").read_text())
+    assert saved["encoder_position_encoding"] == config.encoder_position_encoding
+    assert saved["decoder_position_encoding"] == config.decoder_position_encoding
+    reloaded = MarianPosEncConfig.from_pretrained(tmp_path)
+    assert reloaded.to_dict() == config.to_dict()
