@@ -143,9 +143,10 @@ class PositionAttention(PositionMixer):
         """The same, read from the folded table."""
         raise NotImplementedError
 
-    def all_positions_context(self) -> PositionContext:
-        positions = torch.arange(self.max_positions, device=self.out_proj.weight.device)[None]  # (1, N)
-        return PositionContext(None, positions, positions)
+    def all_positions_context(self, length: int | None = None) -> PositionContext:
+        """Queries and keys at positions 0..length-1 (default: every position of the table)."""
+        positions = torch.arange(length or self.max_positions, device=self.out_proj.weight.device)[None]
+        return PositionContext(None, positions, positions)  # (1, N)
 
     def query_position_vectors(self) -> torch.Tensor:
         """ñ for every position, (N, D)."""
@@ -162,8 +163,42 @@ class PositionAttention(PositionMixer):
         return self.table_energies(context) if self.precomputed else self.computed_energies(context)
 
     def mixing_weights(self, attention_mask, context, dtype):
+        if self.reads_causal_weight_table(attention_mask):
+            check_max_positions(context.query_positions, self.max_positions, type(self).__name__)
+            rows = context.query_positions[:, :, None]  # (1, q, 1)
+            columns = context.key_positions[:, None, :]  # (1, 1, k)
+            return self.causal_weight_table(rows.max() + 1)[:, rows, columns].transpose(0, 1).to(dtype)
         energies = self.energies_for(context).to(dtype)  # (B|1, H, q, k)
         return torch.softmax(additive_mask(attention_mask, energies, context, self.is_causal), dim=-1)
+
+    def reads_causal_weight_table(self, attention_mask) -> bool:
+        """Folded decoder self-attention without padding and without gradients to the energies: the softmax
+        weights of query n over keys 0..n depend on n alone, so each decoding step reads its row."""
+        return (
+            self.precomputed
+            and self.is_causal
+            and attention_mask is None
+            and not (torch.is_grad_enabled() and self.energies.requires_grad)
+        )
+
+    @torch.no_grad()
+    def causal_weight_table(self, needed_rows) -> torch.Tensor:
+        """softmax over keys m ≤ n of the folded energies, (H, L, L) with zeros above the diagonal.
+
+        Built for the first L positions (L a power of two ≥ `needed_rows`, at most N): row n of a causal
+        softmax does not depend on the later columns, so a longer table only extends it. Rebuilt whenever the
+        energies change (loading, training, dtype or device moves), keyed on their storage and version.
+        """
+        needed = int(needed_rows)
+        key = (self.energies.data_ptr(), self.energies._version, self.energies.dtype, self.energies.device)
+        table = getattr(self, "cached_causal_weights", None)
+        if table is None or table[0] != key or table[1].shape[-1] < needed:
+            length = min(self.max_positions, max(64, 1 << (needed - 1).bit_length()))
+            context = self.all_positions_context(length)
+            energies = self.energies_for(context)  # (1, H, L, L)
+            weights = torch.softmax(additive_mask(None, energies, context, is_causal=True), dim=-1)[0]
+            self.cached_causal_weights = table = (key, weights)
+        return table[1]
 
     @torch.no_grad()
     def precompute_position_attention(self) -> None:

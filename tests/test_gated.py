@@ -236,7 +236,10 @@ def test_each_stack_defaults_to_the_input_embedding_paper_2_pairs_with_its_self_
     config = tiny_config(decoder_self_attention="rposnet", cross_attention="rposnet")
     assert (config.encoder_position_encoding, config.decoder_position_encoding) == ("sinusoidal", "learned")
     config = tiny_config(cross_attention="rposnet")  # cross-attention does not decide a stack's input
-    assert (config.encoder_position_encoding, config.decoder_position_encoding) == ("sinusoidal", "sinusoidal")
+    assert (config.encoder_position_encoding, config.decoder_position_encoding) == (
+        "sinusoidal",
+        "sinusoidal",
+    )
 
 
 def test_an_explicit_position_encoding_wins_over_the_recommended_one():
@@ -246,7 +249,10 @@ def test_an_explicit_position_encoding_wins_over_the_recommended_one():
     )
     assert (config.encoder_position_encoding, config.decoder_position_encoding) == ("none", "learned")
     config = tiny_config(encoder_self_attention="rposnet", position_encoding="sinusoidal")
-    assert (config.encoder_position_encoding, config.decoder_position_encoding) == ("sinusoidal", "sinusoidal")
+    assert (config.encoder_position_encoding, config.decoder_position_encoding) == (
+        "sinusoidal",
+        "sinusoidal",
+    )
     config = tiny_config(encoder_self_attention="gaussian", encoder_position_encoding="learned")
     assert config.encoder_position_encoding == "learned"
 
@@ -255,7 +261,9 @@ def test_an_explicit_position_encoding_wins_over_the_recommended_one():
     "overrides",
     [
         dict(encoder_self_attention="rposnet", decoder_self_attention="rposnet"),
-        dict(encoder_self_attention="rposnet", decoder_self_attention="rposnet", position_encoding="sinusoidal"),
+        dict(
+            encoder_self_attention="rposnet", decoder_self_attention="rposnet", position_encoding="sinusoidal"
+        ),
         dict(decoder_self_attention="rposnet", encoder_position_encoding="learned"),
     ],
     ids=["recommended", "explicit-sinusoidal", "mixed"],
@@ -272,3 +280,29 @@ def test_resolved_position_encodings_round_trip_through_config_json(overrides, t
     assert saved["decoder_position_encoding"] == config.decoder_position_encoding
     reloaded = MarianPosEncConfig.from_pretrained(tmp_path)
     assert reloaded.to_dict() == config.to_dict()
+
+
+def test_folded_decoder_reads_causal_softmax_rows_that_follow_changes_of_the_energies():
+    """The cached causal weight table equals the softmax over keys 0..n of the folded energies, also after
+    the energies change in place (training, loading), and gradient-carrying calls still reach the energies."""
+    from hf_posenc.posenc_base import additive_mask
+
+    torch.manual_seed(0)
+    config = tiny_config(**ALL_SITES_RPOSNET, position_attention_precomputed=True)
+    mixer = RPosNetAttention(config, DECODER_SELF_ATTENTION, 0)
+    torch.nn.init.normal_(mixer.energies)
+
+    def direct(ctx):
+        energies = mixer.energies_for(ctx)
+        return torch.softmax(additive_mask(None, energies, ctx, is_causal=True), dim=-1)
+
+    for ctx in (context(range(7), range(7)), context([5], range(6)), context([40], range(41))):
+        with torch.no_grad():
+            assert mixer.reads_causal_weight_table(None)
+            torch.testing.assert_close(mixer.mixing_weights(None, ctx, torch.float32), direct(ctx))
+    with torch.no_grad():
+        mixer.energies.mul_(3.0)
+        torch.testing.assert_close(mixer.mixing_weights(None, ctx, torch.float32), direct(ctx))
+    assert not mixer.reads_causal_weight_table(None)  # grad enabled: the differentiable path
+    mixer.mixing_weights(None, ctx, torch.float32).sum().backward()
+    assert mixer.energies.grad is not None
