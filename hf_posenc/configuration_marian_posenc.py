@@ -12,6 +12,9 @@ from transformers import MarianConfig
 from .posenc_base import ATTENTION_SITES
 from .posenc_registry import POSITION_ENCODINGS, TOKEN_MIXERS
 
+# Input position encoding of a stack whose self-attention mixer has no `recommended_position_encoding`.
+DEFAULT_POSITION_ENCODING = "sinusoidal"
+
 
 def check_choice(field: str, value, allowed) -> None:
     if value not in allowed:
@@ -24,8 +27,11 @@ class MarianPosEncConfig(MarianConfig):
 
     position_encoding (`str`, constructor shorthand): sets both `encoder_position_encoding` and
         `decoder_position_encoding`.
-    encoder_position_encoding / decoder_position_encoding (`str`, defaults to `"sinusoidal"`): a name from
-        `hf_posenc.POSITION_ENCODINGS`.
+    encoder_position_encoding / decoder_position_encoding (`str`, defaults to the stack's recommended one): a
+        name from `hf_posenc.POSITION_ENCODINGS`. Unset, each stack gets the input embedding paper 2 §5.2
+        pairs with the mixer at its self-attention site (the mixer class's `recommended_position_encoding`:
+        `"learned"` for `"rposnet"`, else `"sinusoidal"`); an explicit value always wins (also the
+        `position_encoding` shorthand), and config.json stores the resolved value.
     encoder_self_attention / decoder_self_attention / cross_attention (`str`, defaults to `"attention"`): a
         name from `hf_posenc.TOKEN_MIXERS`.
 
@@ -51,8 +57,8 @@ class MarianPosEncConfig(MarianConfig):
     eos_token_id: int | list[int] | None = 1
     forced_eos_token_id: int | list[int] | None = 1
 
-    encoder_position_encoding: str = "sinusoidal"
-    decoder_position_encoding: str = "sinusoidal"
+    encoder_position_encoding: str | None = None  # None: resolved from encoder_self_attention at init
+    decoder_position_encoding: str | None = None  # None: resolved from decoder_self_attention at init
     encoder_self_attention: str = "attention"
     decoder_self_attention: str = "attention"
     cross_attention: str = "attention"
@@ -102,6 +108,11 @@ class MarianPosEncConfig(MarianConfig):
         if shorthand is not None:
             self.encoder_position_encoding = shorthand
             self.decoder_position_encoding = shorthand
+        for stack in ("encoder", "decoder"):
+            if getattr(self, f"{stack}_position_encoding") is None:
+                mixer = TOKEN_MIXERS.get(getattr(self, f"{stack}_self_attention"))
+                encoding = getattr(mixer, "recommended_position_encoding", DEFAULT_POSITION_ENCODING)
+                setattr(self, f"{stack}_position_encoding", encoding)
         self.check_choices()
         super().__post_init__(**kwargs)
 

@@ -190,6 +190,9 @@ class MarianPosEncStack(MarianPosEncPreTrainedModel):
             config, stack
         )
         self.layers = nn.ModuleList([layer_class(config, i) for i in range(num_layers)])
+        mixers = [module for module in self.layers.modules() if isinstance(module, TokenMixer)]
+        for mixer in mixers:
+            mixer.share_within_stack(mixers)
         self.gradient_checkpointing = False
 
 

@@ -154,6 +154,11 @@ class TokenMixer(nn.Module):
     def check_config(cls, config, site: str) -> None:
         """Raise ValueError for hyperparameters this mixer cannot use at `site` (called when the config is built)."""
 
+    def share_within_stack(self, stack_mixers: list["TokenMixer"]) -> None:
+        """Called once a stack's layers exist, with all of its mixers in layer order (in a decoder layer,
+        self-attention before cross-attention). Mixers that share a table across layers (rPosNet's ñ) take it
+        here; the default shares nothing."""
+
     def precompute_position_attention(self) -> None:
         """Fold energies that depend on positions only into per-layer tables; a no-op for other mixers."""
 

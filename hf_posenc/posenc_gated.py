@@ -15,11 +15,15 @@ vectors (paper 2 §4.1-4.2, "Theoretical Complexity").
 posenc_mixers.py): values are projected (and gated-normalised) once, cached like content attention's values,
 mixed with weights (B|1, H|1, q, k) computed from `PositionContext` positions, then gated and projected.
 
+ñ is shared across layers (paper 2 §4.1): the unfolded rPosNet layers of one stack read one learned table,
+held by the stack's first rPosNet layer (`share_within_stack`); decoder self- and cross-attention share the
+decoder's table (ñ are target positions in both, as in the reference code). aPosNet's ñ, m̃ are fixed
+sinusoids, the same in every layer.
+
 Deviations from the reference code (github apptek/posnet-position_based_attention): there ñ is the stack's
-input position embedding (layer-normalised for the learned one) shared by all layers; our mixers are built
-per layer and cannot reach the stack's table, so each aPosNet layer computes the same fixed sinusoids and
-each rPosNet layer owns its learned ñ table (L_max × D more parameters per layer before folding; nothing
-after). The reference pre-norm layers are Marian's post-norm layers here.
+input position embedding itself (layer-normalised, with dropout, for the learned one); here rPosNet's ñ is a
+table of its own (L_max × D per stack before folding, nothing after), so the mixer stays independent of
+the input position encoding. The reference pre-norm layers are Marian's post-norm layers here.
 """
 
 import torch
@@ -139,13 +143,18 @@ class PositionAttention(PositionMixer):
         """The same, read from the folded table."""
         raise NotImplementedError
 
-    def all_positions_context(self) -> PositionContext:
-        positions = torch.arange(self.max_positions, device=self.out_proj.weight.device)[None]  # (1, N)
-        return PositionContext(None, positions, positions)
+    def all_positions_context(self, length: int | None = None) -> PositionContext:
+        """Queries and keys at positions 0..length-1 (default: every position of the table)."""
+        positions = torch.arange(length or self.max_positions, device=self.out_proj.weight.device)[None]
+        return PositionContext(None, positions, positions)  # (1, N)
+
+    def query_position_vectors(self) -> torch.Tensor:
+        """ñ for every position, (N, D)."""
+        raise NotImplementedError
 
     def projected_queries(self, positions: torch.Tensor) -> torch.Tensor:
         """W^Q ñ at `positions` (B|1, q) -> (B|1, H, q, Dh)."""
-        queries = self.q_proj(self.position_vectors[positions].to(self.q_proj.weight.dtype))
+        queries = self.q_proj(self.query_position_vectors()[positions].to(self.q_proj.weight.dtype))
         return queries.view(*positions.shape, self.num_heads, -1).transpose(1, 2)
 
     def energies_for(self, context: PositionContext) -> torch.Tensor:
@@ -154,8 +163,42 @@ class PositionAttention(PositionMixer):
         return self.table_energies(context) if self.precomputed else self.computed_energies(context)
 
     def mixing_weights(self, attention_mask, context, dtype):
+        if self.reads_causal_weight_table(attention_mask):
+            check_max_positions(context.query_positions, self.max_positions, type(self).__name__)
+            rows = context.query_positions[:, :, None]  # (1, q, 1)
+            columns = context.key_positions[:, None, :]  # (1, 1, k)
+            return self.causal_weight_table(rows.max() + 1)[:, rows, columns].transpose(0, 1).to(dtype)
         energies = self.energies_for(context).to(dtype)  # (B|1, H, q, k)
         return torch.softmax(additive_mask(attention_mask, energies, context, self.is_causal), dim=-1)
+
+    def reads_causal_weight_table(self, attention_mask) -> bool:
+        """Folded decoder self-attention without padding and without gradients to the energies: the softmax
+        weights of query n over keys 0..n depend on n alone, so each decoding step reads its row."""
+        return (
+            self.precomputed
+            and self.is_causal
+            and attention_mask is None
+            and not (torch.is_grad_enabled() and self.energies.requires_grad)
+        )
+
+    @torch.no_grad()
+    def causal_weight_table(self, needed_rows) -> torch.Tensor:
+        """softmax over keys m ≤ n of the folded energies, (H, L, L) with zeros above the diagonal.
+
+        Built for the first L positions (L a power of two ≥ `needed_rows`, at most N): row n of a causal
+        softmax does not depend on the later columns, so a longer table only extends it. Rebuilt whenever the
+        energies change (loading, training, dtype or device moves), keyed on their storage and version.
+        """
+        needed = int(needed_rows)
+        key = (self.energies.data_ptr(), self.energies._version, self.energies.dtype, self.energies.device)
+        table = getattr(self, "cached_causal_weights", None)
+        if table is None or table[0] != key or table[1].shape[-1] < needed:
+            length = min(self.max_positions, max(64, 1 << (needed - 1).bit_length()))
+            context = self.all_positions_context(length)
+            energies = self.energies_for(context)  # (1, H, L, L)
+            weights = torch.softmax(additive_mask(None, energies, context, is_causal=True), dim=-1)[0]
+            self.cached_causal_weights = table = (key, weights)
+        return table[1]
 
     @torch.no_grad()
     def precompute_position_attention(self) -> None:
@@ -193,6 +236,9 @@ class APosNetAttention(PositionAttention):
         elif hasattr(self, "position_vectors"):
             init.copy_(self.position_vectors, marian_sinusoid_table(self.max_positions, self.embed_dim))
 
+    def query_position_vectors(self):
+        return self.position_vectors
+
     def energy_table_shape(self):
         return (self.num_heads, self.max_positions, self.max_positions)
 
@@ -215,20 +261,41 @@ class RPosNetAttention(PositionAttention):
     self-attention and `config.rposnet_length_ratio` in cross-attention. Offsets beyond ±K share the outer
     energies, so every key is reachable (global context). Recommended input embedding:
     `position_encoding="learned"` (paper 2 §5.2).
+
+    ñ is shared across layers (paper 2 §4.1): `table_sharers` lists the unfolded rPosNet mixers of the stack,
+    and the first of them holds `position_vectors` for all (a plain list, not submodules, so the table is
+    registered, saved and initialised once).
     """
 
-    folded_away = ("q_proj", "relative_embeddings", "position_vectors")
+    folded_away = ("q_proj", "relative_embeddings")
+    #: Paper 2 §5.2: rPosNet models take learned absolute input embeddings; the config picks this for a stack
+    #: whose self-attention is rPosNet unless its position encoding is set explicitly.
+    recommended_position_encoding = "learned"
 
     def __init__(self, config, site, layer_idx):
         self.max_relative_position = config.rposnet_max_relative_position
         self.length_ratio = config.rposnet_length_ratio if site == CROSS_ATTENTION else 1.0
         super().__init__(config, site, layer_idx)
+        self.table_sharers = [self]
         if not self.precomputed:
             self.position_vectors = nn.Parameter(torch.empty(self.max_positions, self.embed_dim))
             self.relative_embeddings = nn.Parameter(
                 torch.empty(2 * self.max_relative_position + 1, self.embed_dim)
             )
             self.reset_parameters()
+
+    def share_within_stack(self, stack_mixers):
+        """Every unfolded rPosNet mixer of the stack reads the ñ table of the first one; the others drop theirs."""
+        if self.precomputed:
+            return
+        self.table_sharers = [
+            m for m in stack_mixers if isinstance(m, RPosNetAttention) and not m.precomputed
+        ]
+        if self.table_sharers[0] is not self:
+            del self.position_vectors
+
+    def query_position_vectors(self):
+        return self.table_sharers[0].position_vectors  # (N, D), shared by the stack
 
     @classmethod
     def check_config(cls, config, site):
@@ -244,8 +311,9 @@ class RPosNetAttention(PositionAttention):
         if self.precomputed:
             init.zeros_(self.energies)
         elif hasattr(self, "relative_embeddings"):
-            init.normal_(self.position_vectors, mean=0.0, std=self.embed_dim**-0.5)
             init.xavier_normal_(self.relative_embeddings)
+            if hasattr(self, "position_vectors"):  # the stack's table holder
+                init.normal_(self.position_vectors, mean=0.0, std=self.embed_dim**-0.5)
 
     def energy_table_shape(self):
         return (self.num_heads, self.max_positions, 2 * self.max_relative_position + 1)
@@ -257,6 +325,14 @@ class RPosNetAttention(PositionAttention):
 
     def table_energies(self, context):
         return self.energies[:, context.query_positions].transpose(0, 1)  # (B|1, H, q, 2K+1)
+
+    @torch.no_grad()
+    def precompute_position_attention(self):
+        """Fold this layer; the shared ñ table goes once no rPosNet layer of the stack still reads it."""
+        super().precompute_position_attention()
+        holder = self.table_sharers[0]
+        if hasattr(holder, "position_vectors") and all(m.precomputed for m in self.table_sharers):
+            del holder.position_vectors
 
     def offset_index(self, context: PositionContext) -> torch.Tensor:
         """clip(⌊γ n⌋ − m, K) + K for every query/key pair, (B|1, q, k)."""

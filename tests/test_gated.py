@@ -1,5 +1,6 @@
 """Gated position-based attention (paper 2) and the position-only mixers, against direct implementations."""
 
+import json
 import math
 
 import pytest
@@ -176,3 +177,132 @@ def test_lightconv_equals_a_depthwise_convolution(site):
     left, right = (4, 0) if site == DECODER_SELF_ATTENTION else (2, 2)
     convolved = torch.nn.functional.conv1d(torch.nn.functional.pad(values, (left, right)), kernel, groups=32)
     torch.testing.assert_close(out, mixer.out_proj(convolved.transpose(1, 2)), atol=1e-5, rtol=1e-5)
+
+
+def test_rposnet_layers_of_a_stack_share_one_position_table_that_survives_save_and_load(tmp_path):
+    """Paper 2 §4.1: ñ is shared across layers; one table per stack (decoder self + cross share the decoder's),
+    stored once in the checkpoint and tied again after loading."""
+    from transformers import AutoModelForSeq2SeqLM
+
+    def tables(model):
+        return sorted(name for name, _ in model.named_parameters() if "position_vectors" in name)
+
+    def read_tables(model):
+        encoder, decoder = model.model.encoder.layers, model.model.decoder.layers
+        return [
+            [layer.self_attn.query_position_vectors() for layer in encoder],
+            [m.query_position_vectors() for layer in decoder for m in (layer.self_attn, layer.encoder_attn)],
+        ]
+
+    model = tiny_model(**ALL_SITES_RPOSNET)
+    assert tables(model) == [
+        "model.decoder.layers.0.self_attn.position_vectors",
+        "model.encoder.layers.0.self_attn.position_vectors",
+    ]
+    for stack in read_tables(model):
+        assert all(table is stack[0] for table in stack)
+    assert read_tables(model)[0][0] is not read_tables(model)[1][0]
+
+    model.save_pretrained(tmp_path)
+    loaded = AutoModelForSeq2SeqLM.from_pretrained(tmp_path).eval()
+    assert tables(loaded) == tables(model)
+    for stack, original in zip(read_tables(loaded), read_tables(model), strict=True):
+        assert all(table is stack[0] for table in stack)
+        assert torch.equal(stack[0], original[0])
+
+
+def test_shared_position_table_is_dropped_only_when_no_unfolded_layer_reads_it():
+    """Folding layer by layer keeps ñ while another rPosNet layer of the stack still computes its energies."""
+    model = tiny_model(**ALL_SITES_RPOSNET)
+    src, mask = source_batch()
+    tgt = target_batch()
+    with torch.no_grad():
+        before = model(input_ids=src, attention_mask=mask, decoder_input_ids=tgt).logits
+    encoder_layers = model.model.encoder.layers
+    encoder_layers[0].self_attn.precompute_position_attention()
+    assert hasattr(encoder_layers[0].self_attn, "position_vectors")  # layer 1 still needs it
+    with torch.no_grad():
+        half = model(input_ids=src, attention_mask=mask, decoder_input_ids=tgt).logits
+    torch.testing.assert_close(half, before, atol=1e-5, rtol=0)
+    encoder_layers[1].self_attn.precompute_position_attention()
+    assert not hasattr(encoder_layers[0].self_attn, "position_vectors")
+    assert hasattr(model.model.decoder.layers[0].self_attn, "position_vectors")  # the decoder's own table
+
+
+def test_each_stack_defaults_to_the_input_embedding_paper_2_pairs_with_its_self_attention_mixer():
+    """Paper 2 §5.2: rPosNet with learned absolute embeddings, every other mixer with sinusoids; per stack."""
+    config = tiny_config(encoder_self_attention="rposnet", decoder_self_attention="aposnet")
+    assert (config.encoder_position_encoding, config.decoder_position_encoding) == ("learned", "sinusoidal")
+    config = tiny_config(decoder_self_attention="rposnet", cross_attention="rposnet")
+    assert (config.encoder_position_encoding, config.decoder_position_encoding) == ("sinusoidal", "learned")
+    config = tiny_config(cross_attention="rposnet")  # cross-attention does not decide a stack's input
+    assert (config.encoder_position_encoding, config.decoder_position_encoding) == (
+        "sinusoidal",
+        "sinusoidal",
+    )
+
+
+def test_an_explicit_position_encoding_wins_over_the_recommended_one():
+    """The user's choice (per stack or with the shorthand) is never replaced by the mixer's recommendation."""
+    config = tiny_config(
+        encoder_self_attention="rposnet", decoder_self_attention="rposnet", encoder_position_encoding="none"
+    )
+    assert (config.encoder_position_encoding, config.decoder_position_encoding) == ("none", "learned")
+    config = tiny_config(encoder_self_attention="rposnet", position_encoding="sinusoidal")
+    assert (config.encoder_position_encoding, config.decoder_position_encoding) == (
+        "sinusoidal",
+        "sinusoidal",
+    )
+    config = tiny_config(encoder_self_attention="gaussian", encoder_position_encoding="learned")
+    assert config.encoder_position_encoding == "learned"
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        dict(encoder_self_attention="rposnet", decoder_self_attention="rposnet"),
+        dict(
+            encoder_self_attention="rposnet", decoder_self_attention="rposnet", position_encoding="sinusoidal"
+        ),
+        dict(decoder_self_attention="rposnet", encoder_position_encoding="learned"),
+    ],
+    ids=["recommended", "explicit-sinusoidal", "mixed"],
+)
+def test_resolved_position_encodings_round_trip_through_config_json(overrides, tmp_path):
+    """config.json stores the resolved encodings, so a saved config reloads with exactly the same values
+    (an explicit "sinusoidal" next to rPosNet must not come back as the recommended "learned")."""
+    from hf_posenc import MarianPosEncConfig
+
+    config = tiny_config(**overrides)
+    config.save_pretrained(tmp_path)
+    saved = json.loads((tmp_path / "config.json").read_text())
+    assert saved["encoder_position_encoding"] == config.encoder_position_encoding
+    assert saved["decoder_position_encoding"] == config.decoder_position_encoding
+    reloaded = MarianPosEncConfig.from_pretrained(tmp_path)
+    assert reloaded.to_dict() == config.to_dict()
+
+
+def test_folded_decoder_reads_causal_softmax_rows_that_follow_changes_of_the_energies():
+    """The cached causal weight table equals the softmax over keys 0..n of the folded energies, also after
+    the energies change in place (training, loading), and gradient-carrying calls still reach the energies."""
+    from hf_posenc.posenc_base import additive_mask
+
+    torch.manual_seed(0)
+    config = tiny_config(**ALL_SITES_RPOSNET, position_attention_precomputed=True)
+    mixer = RPosNetAttention(config, DECODER_SELF_ATTENTION, 0)
+    torch.nn.init.normal_(mixer.energies)
+
+    def direct(ctx):
+        energies = mixer.energies_for(ctx)
+        return torch.softmax(additive_mask(None, energies, ctx, is_causal=True), dim=-1)
+
+    for ctx in (context(range(7), range(7)), context([5], range(6)), context([40], range(41))):
+        with torch.no_grad():
+            assert mixer.reads_causal_weight_table(None)
+            torch.testing.assert_close(mixer.mixing_weights(None, ctx, torch.float32), direct(ctx))
+    with torch.no_grad():
+        mixer.energies.mul_(3.0)
+        torch.testing.assert_close(mixer.mixing_weights(None, ctx, torch.float32), direct(ctx))
+    assert not mixer.reads_causal_weight_table(None)  # grad enabled: the differentiable path
+    mixer.mixing_weights(None, ctx, torch.float32).sum().backward()
+    assert mixer.energies.grad is not None
