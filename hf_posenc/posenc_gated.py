@@ -190,7 +190,10 @@ class PositionAttention(PositionMixer):
         energies change (loading, training, dtype or device moves), keyed on their storage and version.
         """
         needed = int(needed_rows)
-        key = (self.energies.data_ptr(), self.energies._version, self.energies.dtype, self.energies.device)
+        # Tensors made under torch.inference_mode keep no version counter (changing them in place is only
+        # possible inside inference mode, where a model is not trained).
+        version = None if self.energies.is_inference() else self.energies._version
+        key = (self.energies.data_ptr(), version, self.energies.dtype, self.energies.device)
         table = getattr(self, "cached_causal_weights", None)
         if table is None or table[0] != key or table[1].shape[-1] < needed:
             length = min(self.max_positions, max(64, 1 << (needed - 1).bit_length()))

@@ -306,3 +306,15 @@ def test_folded_decoder_reads_causal_softmax_rows_that_follow_changes_of_the_ene
     assert not mixer.reads_causal_weight_table(None)  # grad enabled: the differentiable path
     mixer.mixing_weights(None, ctx, torch.float32).sum().backward()
     assert mixer.energies.grad is not None
+
+
+def test_model_folded_and_decoded_under_inference_mode_matches_the_unfolded_model():
+    """Folding and decoding inside torch.inference_mode (tensors without version counters) works and agrees."""
+    torch.manual_seed(0)
+    model = tiny_model(**ALL_SITES_RPOSNET)
+    source = torch.tensor([[5, 6, 7, 8, 2]])
+    with torch.inference_mode():
+        unfolded = model.generate(input_ids=source, max_new_tokens=6, num_beams=1, do_sample=False)
+        model.precompute_position_attention()
+        folded = model.generate(input_ids=source, max_new_tokens=6, num_beams=1, do_sample=False)
+    torch.testing.assert_close(folded, unfolded)
