@@ -54,7 +54,9 @@ def test_tiny_real_comparison_writes_scores_significance_and_probe_and_resumes(t
     assert json.loads((folder / "scores.json").read_text())["steps"] == 2
     page = (tmp_path / "docs" / "results.md").read_text()
     main_table = page.split("### Word-order probe")[0]
-    rows = {line.split(" | ")[0].strip("| "): line for line in main_table.splitlines() if line.startswith("| ")}
+    rows = {
+        line.split(" | ")[0].strip("| "): line for line in main_table.splitlines() if line.startswith("| ")
+    }
     assert "not run" in rows["shaw"] and "baseline" in rows["sinusoidal"]
     assert "p=" in rows["none"] and "not run" not in rows["none"]
     probe = json.loads((folder / "word_order_probe.json").read_text())
