@@ -4,6 +4,7 @@ import json
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 from conftest import REPO
@@ -32,12 +33,33 @@ LOAD_WITHOUT_PACKAGE = textwrap.dedent(
 )
 
 
+class RecordingHubApi:
+    """Stands in for huggingface_hub.HfApi (no network here): records the repo and the uploaded files."""
+
+    calls: list = []
+
+    def create_repo(self, repo_id, exist_ok=False):
+        self.calls.append(("create_repo", repo_id, exist_ok))
+
+    def upload_folder(self, repo_id, folder_path, commit_message):
+        self.calls.append(("upload_folder", repo_id, sorted(p.name for p in Path(folder_path).iterdir())))
+
+
 def test_tiny_training_run_writes_a_hub_ready_folder_that_loads_without_the_package(
-    multi30k_dir, tmp_path, capsys
+    multi30k_dir, tmp_path, capsys, monkeypatch
 ):
+    import huggingface_hub
+
+    monkeypatch.setattr(huggingface_hub, "HfApi", RecordingHubApi)
     output, dry_run = tmp_path / "run", tmp_path / "upload"
     scores = train.main([*TINY, "--data_dir", str(multi30k_dir), "--position_encoding", "learned",
-                         "--output_dir", str(output), "--hub_dry_run", str(dry_run)])  # fmt: skip
+                         "--output_dir", str(output), "--hub_dry_run", str(dry_run),
+                         "--push_to_hub", "--hub_model_id", "someone/tiny-learned"])  # fmt: skip
+    # --push_to_hub creates the repo and uploads exactly the dry-run folder (weights, code, tokenizer, card)
+    assert RecordingHubApi.calls == [
+        ("create_repo", "someone/tiny-learned", True),
+        ("upload_folder", "someone/tiny-learned", sorted(p.name for p in dry_run.iterdir())),
+    ]
     printed = capsys.readouterr().out
     assert "BLEU" in printed and "nrefs:1|case:mixed|eff:no|tok:13a" in printed and "chrF++" in printed
     assert scores["steps"] == 30 and scores["test_pairs"] == 40
@@ -63,6 +85,7 @@ def test_tiny_training_run_writes_a_hub_ready_folder_that_loads_without_the_pack
         "Gehring et al. 2017" in card
         and "trust_remote_code=True" in card
         and scores["bleu_signature"] in card
+        and 'from_pretrained("someone/tiny-learned"' in card
     )
     assert sorted(p.name for p in dry_run.iterdir()) == sorted(p.name for p in output.iterdir())
     assert len((output / "test.hyp.de").read_text().splitlines()) == 40
