@@ -259,3 +259,27 @@ def test_resume_after_a_real_kill_continues_at_the_saved_step_with_the_same_data
     assert first_step >= 4 and resumed["global_step"] == 12
     assert resumed["seen"] == [entry for entry in full["seen"] if entry[0] >= first_step]
     assert resumed["checksum"] == pytest.approx(full["checksum"], rel=1e-5)
+
+
+@pytest.mark.parametrize(
+    "path", sorted((REPO / "train_scripts" / "accelerate").glob("*.yaml")), ids=lambda p: p.stem
+)
+def test_shipped_accelerate_configs_load_and_name_real_layer_classes(path):
+    """accelerate parses every shipped config; FSDP wraps layer classes that exist in the model file and sets
+    the options accelerate's launcher requires together (cpu_ram_efficient_loading needs sync_module_states)."""
+    from accelerate.commands.config.config_args import load_config_from_file
+
+    import hf_posenc.modeling_marian_posenc as modeling
+
+    config = load_config_from_file(str(path))
+    assert config.num_processes >= 1 and config.distributed_type.value in {
+        "MULTI_CPU",
+        "MULTI_GPU",
+        "FSDP",
+        "DEEPSPEED",
+    }
+    if config.distributed_type.value == "FSDP":
+        fsdp = config.fsdp_config
+        for name in fsdp["fsdp_transformer_layer_cls_to_wrap"].split(","):
+            assert hasattr(modeling, name), name
+        assert not fsdp.get("fsdp_cpu_ram_efficient_loading") or fsdp.get("fsdp_sync_module_states")
