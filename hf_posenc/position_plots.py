@@ -7,7 +7,8 @@ What is drawn depends on the model's modules; every panel covers the first `posi
 
 * position-only mixers (aPosNet, rPosNet, LinearNet, gLinearNet, LightConv; paper 2): the energies of every
   layer and head as query × key heat maps, read from the pre-computed tables of paper 2 §4 for aPosNet and
-  rPosNet (the model is folded on a copy) and from the normalised mixing weights for the others;
+  rPosNet (the model is folded on a copy) and from the normalised mixing weights for the others (future
+  keys of the causal decoder left blank);
 * bias schemes (T5, Adaptive-T5, ALiBi): each head's additive score bias as a function of the distance
   j − i, one panel per stack and biased layer;
 * Shaw: the cosine similarity of the learned relative key embeddings w^K per layer (distance × distance);
@@ -110,6 +111,9 @@ def position_panels(model, positions: int = 48) -> list[tuple[str, str, torch.Te
                 if isinstance(mixer, PositionAttention)
                 else mixer.mixing_weights(None, context, torch.float32)
             )
+            if mixer.is_causal:  # blank the future keys the decoder never reads
+                future = torch.ones(positions, positions, dtype=torch.bool).triu(1)
+                weights = weights.masked_fill(future, float("nan"))
             for head, heat in enumerate(weights[0]):
                 panels.append((f"{short_site_name(name)} head {head}", "map", heat))
     return panels
