@@ -24,29 +24,12 @@ from hf_posenc.benchmarking import (
     benchmark_training_steps,
     build_model,
     ratio_table,
+    saved_activation_bytes,
     synthetic_batch,
     training_memory_bytes,
 )
 
 MIB = 2**20
-
-
-def activation_bytes_excluding_parameters(model, batch) -> int:
-    """Bytes of the tensors autograd saves in one forward whose storage is not a parameter's (each once)."""
-    parameter_storages = {p.untyped_storage().data_ptr() for p in model.parameters()}
-    storages = {}
-
-    def pack(tensor):
-        storage = tensor.untyped_storage()
-        if storage.data_ptr() not in parameter_storages:
-            storages[storage.data_ptr()] = storage.nbytes()
-        return tensor
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
-        loss = model(**batch).loss
-    loss.backward()
-    model.zero_grad(set_to_none=True)
-    return sum(storages.values())
 
 
 def memory_breakdown_table(variants: dict, base: dict, lengths, tokens_per_batch: int, baseline: str) -> str:
@@ -59,7 +42,7 @@ def memory_breakdown_table(variants: dict, base: dict, lengths, tokens_per_batch
         for name, overrides in variants.items():
             model = build_model(base, overrides, "cpu")
             batch = synthetic_batch(model.config, max(1, tokens_per_batch // length), length, "cpu")
-            activations = activation_bytes_excluding_parameters(model, batch)
+            activations = saved_activation_bytes(model, batch, exclude_parameters=True)
             parameters = 2 * sum(p.numel() * p.element_size() for p in model.parameters())
             measured[name] = (activations, parameters, training_memory_bytes(model, None, batch, "cpu", None))
         for name, (activations, parameters, metric) in measured.items():

@@ -164,13 +164,16 @@ def training_run(model, optimizer, batch, steps: int, device, autocast_dtype) ->
     return run
 
 
-def saved_activation_bytes(model, batch) -> int:
-    """Bytes of the tensors autograd saves during one forward (each storage counted once)."""
+def saved_activation_bytes(model, batch, exclude_parameters: bool = False) -> int:
+    """Bytes of the tensors autograd saves during one forward (each storage counted once); with
+    `exclude_parameters`, only those whose storage is not a parameter's (the activations proper)."""
+    skipped = {p.untyped_storage().data_ptr() for p in model.parameters()} if exclude_parameters else set()
     storages = {}
 
     def pack(tensor):
         storage = tensor.untyped_storage()
-        storages[storage.data_ptr()] = storage.nbytes()
+        if storage.data_ptr() not in skipped:
+            storages[storage.data_ptr()] = storage.nbytes()
         return tensor
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
