@@ -266,20 +266,25 @@ def execute(run: Run, args) -> str:
     folder = run.folder(root)
     arguments = run.arguments(root, args.threads, args.train_args.split())
     settings = folder / "compare_run.json"
-    if (folder / "scores.json").is_file() and json.loads(settings.read_text()) == arguments:
+    if (
+        (folder / "scores.json").is_file()
+        and settings.is_file()
+        and json.loads(settings.read_text()) == arguments
+    ):
         return f"{run.system} seed {run.seed} {run.pair}: done before"
     checkpoints = folder.with_name(folder.name + "-checkpoints")
-    if any(checkpoints.glob("checkpoint-*")):
-        arguments += ["--resume_from_checkpoint", "last"]
+    resume = ["--resume_from_checkpoint", "last"] if any(checkpoints.glob("checkpoint-*")) else []
     folder.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
     with open(folder / "train.log", "w") as log:
         process = subprocess.run(
-            [sys.executable, str(REPO / "train_scripts" / "train.py"), *arguments], stdout=log, stderr=log
+            [sys.executable, str(REPO / "train_scripts" / "train.py"), *arguments, *resume],
+            stdout=log,
+            stderr=log,
         )
     if process.returncode != 0:
         return f"{run.system} seed {run.seed} {run.pair}: FAILED (exit {process.returncode}), see {folder}/train.log"
-    settings.write_text(json.dumps(run.arguments(root, args.threads, args.train_args.split())) + "\n")
+    settings.write_text(json.dumps(arguments) + "\n")
     bleu = json.loads((folder / "scores.json").read_text())["bleu"]
     return f"{run.system} seed {run.seed} {run.pair}: BLEU {bleu:.2f} in {(time.monotonic() - started) / 60:.1f} min"
 
@@ -338,6 +343,7 @@ class Report:
         self.docs = Path(args.results).parent
         self.docs.mkdir(parents=True, exist_ok=True)
         self.lines: list[str] = []
+        self.bootstraps: dict[Run, dict] = {}
 
     def seeds_of(self, pair: str, system: str) -> list[Run]:
         runs = [Run(self.args.recipe, pair, system, seed, self.args.max_steps) for seed in self.args.seeds]
@@ -348,6 +354,14 @@ class Report:
 
     def scores(self, run: Run) -> dict:
         return json.loads((run.folder(self.root) / "scores.json").read_text())
+
+    def bootstrap(self, run: Run, baseline: list[str], references: list[str]) -> dict:
+        """Paired bootstrap of `run` against the baseline of its seed, once per run (systems recur in tables)."""
+        if run not in self.bootstraps:
+            self.bootstraps[run] = paired_bootstrap(
+                baseline, self.hypotheses(run), references, self.args.bootstrap_samples
+            )
+        return self.bootstraps[run]
 
     def write(self) -> Path:
         args = self.args
@@ -403,9 +417,7 @@ class Report:
             bleu = [self.scores(run)["bleu"] for run in runs]
             chrf = [self.scores(run)["chrf++"] for run in runs]
             tests = [
-                paired_bootstrap(
-                    baseline[run.seed], self.hypotheses(run), references, self.args.bootstrap_samples
-                )
+                self.bootstrap(run, baseline[run.seed], references)
                 for run in runs
                 if system != BASELINE and run.seed in baseline
             ]
