@@ -5,6 +5,7 @@ import json
 import logging
 import sys
 
+import datasets
 import pytest
 from conftest import REPO
 
@@ -19,7 +20,10 @@ TINY_RUN = "--d_model 32 --layers 1 --heads 2 --ffn_dim 64 --vocab_size 300 --tr
 def test_every_system_is_a_valid_training_command(system):
     args = train.parse_args(["--recipe", "multi30k-en-de-tiny", "--d_model", "32", *compare.SYSTEMS[system]])
     tokenizer = train.train_joint_bpe(["a b c d", "e f g h"], vocab_size=40)
-    model = train.build_model(args, tokenizer, None)
+    dataset = datasets.Dataset.from_dict(
+        {"input_ids": [[4, 5, 6]], "labels": [[4, 5]]}
+    )  # for rPosNet's gamma
+    model = train.build_model(args, tokenizer, None, dataset)
     assert model.config.d_model == 32
 
 

@@ -75,9 +75,9 @@ def test_rposnet_cross_attention_gets_the_training_data_length_ratio():
     args = train.parse_args(
         ["--recipe", "multi30k-en-de-tiny", "--cross_attention", "rposnet", "--d_model", "32"]
     )
-    assert train.build_model(args, tokenizer, None, 2.0).config.rposnet_length_ratio == 2.0
+    assert train.build_model(args, tokenizer, None, dataset).config.rposnet_length_ratio == 2.0
     args.config_overrides = json.dumps({"rposnet_length_ratio": 1.3})  # an explicit choice wins
-    assert train.build_model(args, tokenizer, None, 2.0).config.rposnet_length_ratio == 1.3
+    assert train.build_model(args, tokenizer, None, dataset).config.rposnet_length_ratio == 1.3
 
 
 def test_hub_translation_schema_adapter_on_a_local_dataset():

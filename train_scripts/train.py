@@ -194,7 +194,7 @@ def attention_backend(args, precision: str) -> str | None:
     return "eager" if precision == "bf16" and not torch.cuda.is_available() else "sdpa"
 
 
-def build_model(args, tokenizer, backend: str | None, length_ratio: float = 1.0):
+def build_model(args, tokenizer, backend: str | None, train_dataset=None):
     dims = dict(
         vocab_size=len(tokenizer),
         d_model=args.d_model,
@@ -227,8 +227,15 @@ def build_model(args, tokenizer, backend: str | None, length_ratio: float = 1.0)
     }
     overrides = json.loads(args.config_overrides)
     if args.cross_attention == "rposnet" and "rposnet_length_ratio" not in overrides:
-        overrides["rposnet_length_ratio"] = length_ratio
-        logger.info("rPosNet cross-attention: gamma = %.4f (mean source/target length ratio)", length_ratio)
+        if train_dataset is None:
+            raise ValueError(
+                "rPosNet in cross-attention needs the training data (for gamma) or rposnet_length_ratio"
+            )
+        overrides["rposnet_length_ratio"] = source_target_length_ratio(train_dataset)
+        logger.info(
+            "rPosNet cross-attention: gamma = %.4f (source/target length ratio)",
+            overrides["rposnet_length_ratio"],
+        )
     config = MarianPosEncConfig(**dims, **choices, **overrides)
     return MarianPosEncForConditionalGeneration(config)
 
@@ -301,9 +308,7 @@ def main(argv=None):
     if args.eval_steps:
         valid_text = load_split(args, "valid")
         valid_dataset = tokenize_parallel(tokenizer, valid_text.source, valid_text.target, args.max_length)
-    model = build_model(
-        args, tokenizer, attention_backend(args, precision), source_target_length_ratio(train_dataset)
-    )
+    model = build_model(args, tokenizer, attention_backend(args, precision), train_dataset)
     parameters = sum(p.numel() for p in model.parameters())
     logger.info(
         "model: %s, %.2fM parameters, precision %s, attention %s",
