@@ -219,16 +219,17 @@ class MarianPosEncEncoder(MarianPosEncStack):
         if inputs_embeds is None:
             inputs_embeds = self.embed_tokens(input_ids) * self.embed_scale  # (B, L, D)
 
-        position_ids = positions_from_padding_mask(
-            attention_mask, inputs_embeds.shape[1], inputs_embeds.device
-        )
-        hidden_states = self.position_encoding.embed(inputs_embeds, position_ids, attention_mask, None)
+        length = inputs_embeds.shape[1]
+        position_ids = positions_from_padding_mask(attention_mask, length, inputs_embeds.device)
+        # Without a mask the positions are 0..L-1; with one, their span is read once per encoder forward.
+        span = (0, length - 1) if attention_mask is None else None
+        context = PositionContext(self.position_encoding, position_ids, position_ids, span, span)
+        hidden_states = self.position_encoding.embed(inputs_embeds, context, attention_mask, None)
         hidden_states = nn.functional.dropout(hidden_states, p=self.dropout, training=self.training)
 
         mask = create_bidirectional_mask(
             config=self.config, inputs_embeds=inputs_embeds, attention_mask=attention_mask
         )
-        context = PositionContext(self.position_encoding, position_ids, position_ids)
         all_hidden_states = (hidden_states,) if output_hidden_states else None
         all_attentions = () if output_attentions else None
         for layer in self.layers:
@@ -312,13 +313,16 @@ class MarianPosEncDecoder(MarianPosEncStack):
             encoder_hidden_states=encoder_hidden_states,
         )
 
-        hidden_states = self.position_encoding.embed(
-            inputs_embeds, query_positions.expand(batch_size, -1), None, past_key_values
+        # Host-side spans from the cache length: no position tensor is read back during decoding. Padded
+        # source positions are bounded by the source length.
+        last = past_length + query_length - 1
+        query_span, source_span = (past_length, last), (0, encoder_hidden_states.shape[1] - 1)
+        self_context = PositionContext(
+            self.position_encoding, query_positions, key_positions, query_span, (0, last)
         )
+        cross_context = PositionContext(None, query_positions, source_positions, query_span, source_span)
+        hidden_states = self.position_encoding.embed(inputs_embeds, self_context, None, past_key_values)
         hidden_states = nn.functional.dropout(hidden_states, p=self.dropout, training=self.training)
-
-        self_context = PositionContext(self.position_encoding, query_positions, key_positions)
-        cross_context = PositionContext(None, query_positions, source_positions)
         all_hidden_states = (hidden_states,) if output_hidden_states else None
         all_self_attentions = () if output_attentions else None
         all_cross_attentions = () if output_attentions else None

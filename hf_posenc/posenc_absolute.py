@@ -47,9 +47,9 @@ class SinusoidalPositionEncoding(PositionEncoding):
     def reset_parameters(self):
         init.copy_(self.table, marian_sinusoid_table(self.max_positions, self.config.d_model))
 
-    def embed(self, inputs_embeds, position_ids, padding_mask, cache):
-        check_max_positions(position_ids, self.max_positions, "sinusoidal")
-        return inputs_embeds + self.table[position_ids].to(inputs_embeds.dtype)  # (B, L, D)
+    def embed(self, inputs_embeds, context, padding_mask, cache):
+        check_max_positions(context, self.max_positions, "sinusoidal")
+        return inputs_embeds + self.table[context.query_positions].to(inputs_embeds.dtype)  # (B, L, D)
 
 
 class LearnedPositionEncoding(PositionEncoding):
@@ -65,6 +65,6 @@ class LearnedPositionEncoding(PositionEncoding):
         # fairseq's LearnedPositionalEmbedding initialisation, N(0, d^-1/2).
         init.normal_(self.weight, mean=0.0, std=self.config.d_model**-0.5)
 
-    def embed(self, inputs_embeds, position_ids, padding_mask, cache):
-        check_max_positions(position_ids, self.max_positions, "learned")
-        return inputs_embeds + self.weight[position_ids]  # (B, L, D)
+    def embed(self, inputs_embeds, context, padding_mask, cache):
+        check_max_positions(context, self.max_positions, "learned")
+        return inputs_embeds + self.weight[context.query_positions]  # (B, L, D)

@@ -40,9 +40,9 @@ def positions_from_padding_mask(attention_mask: torch.Tensor | None, length: int
     return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)  # (B, L)
 
 
-def check_max_positions(position_ids: torch.Tensor, max_positions: int, module_name: str) -> None:
+def check_max_positions(context: "PositionContext", max_positions: int, module_name: str) -> None:
     """Bounded tables raise a clear error instead of an IndexError deep inside `nn.Embedding`."""
-    longest = int(position_ids.max()) + 1 if position_ids.numel() else 0
+    longest = context.position_count
     if longest > max_positions:
         raise ValueError(
             f"Sequence of {longest} positions is longer than the {max_positions} positions of the "
@@ -51,17 +51,47 @@ def check_max_positions(position_ids: torch.Tensor, max_positions: int, module_n
         )
 
 
+def position_span(positions: torch.Tensor) -> tuple[int, int]:
+    """(smallest, largest) entry of a position tensor, read back to the host (a device sync)."""
+    if not positions.numel():
+        return 0, -1
+    return int(positions.min()), int(positions.max())
+
+
 @dataclass
 class PositionContext:
     """What an attention site knows about positions during one forward.
 
     `encoding` is the stack's position encoding for self-attention sites and None for cross-attention
     (the papers keep cross-attention free of positions unless a mixer asks for them explicitly).
+
+    The spans bound the positions as host integers, so that modules size their tables and check lengths
+    without reading the position tensors back from the device at every decoding step. The model passes
+    them (the decoder knows them from the cache length); when they are left out they are read off the
+    tensors. A span may be wider than the positions it bounds (the model bounds padded source positions by
+    the source length), never narrower.
     """
 
     encoding: "PositionEncoding | None"
     query_positions: torch.Tensor  # (B|1, q): absolute position of each query token
     key_positions: torch.Tensor  # (B|1, k): absolute position of each key, cached ones included
+    query_span: tuple[int, int] | None = None  # (smallest, largest) query position
+    key_span: tuple[int, int] | None = None  # (smallest, largest) key position
+
+    def __post_init__(self):
+        if self.query_span is None:
+            self.query_span = position_span(self.query_positions)
+        if self.key_span is None:
+            self.key_span = (
+                self.query_span
+                if self.key_positions is self.query_positions
+                else position_span(self.key_positions)
+            )
+
+    @property
+    def position_count(self) -> int:
+        """Positions a table must hold for this context: one more than its largest position."""
+        return max(self.query_span[1], self.key_span[1]) + 1
 
 
 class PositionEncoding(nn.Module):
@@ -92,10 +122,11 @@ class PositionEncoding(nn.Module):
         """
 
     def embed(
-        self, inputs_embeds: torch.Tensor, position_ids: torch.Tensor, padding_mask, cache
+        self, inputs_embeds: torch.Tensor, context: PositionContext, padding_mask, cache
     ) -> torch.Tensor:
         """Scaled token embeddings (B, L, D) -> stack input (B, L, D), before the stack's dropout.
 
+        The tokens' positions are `context.query_positions`, (B, L) in the encoder and (1, L) in the decoder;
         `padding_mask` is the stack's (B, L) 1/0 mask or None; `cache` is the model's :class:`PosEncCache`
         during incremental decoding (encodings with a recurrent state keep it there), else None.
         """

@@ -145,8 +145,9 @@ class PositionAttention(PositionMixer):
 
     def all_positions_context(self, length: int | None = None) -> PositionContext:
         """Queries and keys at positions 0..length-1 (default: every position of the table)."""
-        positions = torch.arange(length or self.max_positions, device=self.out_proj.weight.device)[None]
-        return PositionContext(None, positions, positions)  # (1, N)
+        length = length or self.max_positions
+        positions = torch.arange(length, device=self.out_proj.weight.device)[None]
+        return PositionContext(None, positions, positions, (0, length - 1), (0, length - 1))  # (1, N)
 
     def query_position_vectors(self) -> torch.Tensor:
         """ñ for every position, (N, D)."""
@@ -158,16 +159,16 @@ class PositionAttention(PositionMixer):
         return queries.view(*positions.shape, self.num_heads, -1).transpose(1, 2)
 
     def energies_for(self, context: PositionContext) -> torch.Tensor:
-        check_max_positions(context.query_positions, self.max_positions, type(self).__name__)
-        check_max_positions(context.key_positions, self.max_positions, type(self).__name__)
+        check_max_positions(context, self.max_positions, type(self).__name__)
         return self.table_energies(context) if self.precomputed else self.computed_energies(context)
 
     def mixing_weights(self, attention_mask, context, dtype):
         if self.reads_causal_weight_table(attention_mask):
-            check_max_positions(context.query_positions, self.max_positions, type(self).__name__)
+            check_max_positions(context, self.max_positions, type(self).__name__)
             rows = context.query_positions[:, :, None]  # (1, q, 1)
             columns = context.key_positions[:, None, :]  # (1, 1, k)
-            return self.causal_weight_table(rows.max() + 1)[:, rows, columns].transpose(0, 1).to(dtype)
+            table = self.causal_weight_table(context.query_span[1] + 1)  # (H, n, n)
+            return table[:, rows, columns].transpose(0, 1).to(dtype)
         energies = self.energies_for(context).to(dtype)  # (B|1, H, q, k)
         return torch.softmax(additive_mask(attention_mask, energies, context, self.is_causal), dim=-1)
 
@@ -182,21 +183,20 @@ class PositionAttention(PositionMixer):
         )
 
     @torch.no_grad()
-    def causal_weight_table(self, needed_rows) -> torch.Tensor:
+    def causal_weight_table(self, needed_rows: int) -> torch.Tensor:
         """softmax over keys m ≤ n of the folded energies, (H, L, L) with zeros above the diagonal.
 
         Built for the first L positions (L a power of two ≥ `needed_rows`, at most N): row n of a causal
         softmax does not depend on the later columns, so a longer table only extends it. Rebuilt whenever the
         energies change (loading, training, dtype or device moves), keyed on their storage and version.
         """
-        needed = int(needed_rows)
         # Tensors made under torch.inference_mode keep no version counter (changing them in place is only
         # possible inside inference mode, where a model is not trained).
         version = None if self.energies.is_inference() else self.energies._version
         key = (self.energies.data_ptr(), version, self.energies.dtype, self.energies.device)
         table = getattr(self, "cached_causal_weights", None)
-        if table is None or table[0] != key or table[1].shape[-1] < needed:
-            length = min(self.max_positions, max(64, 1 << (needed - 1).bit_length()))
+        if table is None or table[0] != key or table[1].shape[-1] < needed_rows:
+            length = min(self.max_positions, max(64, 1 << (needed_rows - 1).bit_length()))
             context = self.all_positions_context(length)
             energies = self.energies_for(context)  # (1, H, L, L)
             weights = torch.softmax(additive_mask(None, energies, context, is_causal=True), dim=-1)[0]

@@ -88,8 +88,7 @@ class LinearNet(PositionMixer):
         init.xavier_uniform_(self.mixing)
 
     def mixing_weights(self, attention_mask, context, dtype):
-        check_max_positions(context.query_positions, self.max_positions, type(self).__name__)
-        check_max_positions(context.key_positions, self.max_positions, type(self).__name__)
+        check_max_positions(context, self.max_positions, type(self).__name__)
         rows = context.query_positions[:, :, None]  # (B|1, q, 1)
         columns = context.key_positions[:, None, :]  # (B|1, 1, k)
         weights = self.mixing[:, rows, columns].transpose(0, 1).to(dtype)  # (B|1, H, q, k)

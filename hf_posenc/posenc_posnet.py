@@ -31,7 +31,7 @@ from torch import nn
 from transformers import initialization as init
 from transformers.activations import ACT2FN
 
-from .posenc_base import DECODER, ENCODER, PositionEncoding, check_max_positions
+from .posenc_base import DECODER, ENCODER, PositionContext, PositionEncoding, check_max_positions
 
 
 def position_kernel_product(
@@ -108,10 +108,10 @@ class PositionalKernelNetwork(nn.Module):
         init.xavier_normal_(self.up)
         init.normal_(self.kernels, std=kernel_std(self.max_positions, self.config.posnet_dim))
 
-    def forward(self, inputs: torch.Tensor, position_ids: torch.Tensor) -> torch.Tensor:
-        check_max_positions(position_ids, self.max_positions, "posnet_embed")
+    def forward(self, inputs: torch.Tensor, context: PositionContext) -> torch.Tensor:
+        check_max_positions(context, self.max_positions, "posnet_embed")
         projected = (inputs @ self.down).unsqueeze(2)  # (B, L, 1, d_p)
-        kernelled = position_kernel_product(projected, self.kernels, position_ids).squeeze(2)  # (B, L, d_p)
+        kernelled = position_kernel_product(projected, self.kernels, context.query_positions).squeeze(2)
         update = self.activation(kernelled) @ self.up  # (B, L, D)
         return inputs + nn.functional.dropout(update, p=self.dropout, training=self.training)
 
@@ -147,13 +147,13 @@ class PosNetEmbedding(PositionEncoding):
             # A plain attribute, not a submodule: the encoder owns (saves, loads, initialises) the network.
             self.__dict__["network"] = encoder_encoding.network
 
-    def embed(self, inputs_embeds, position_ids, padding_mask, cache):
+    def embed(self, inputs_embeds, context, padding_mask, cache):
         if self.network is None:
             raise RuntimeError(
                 "This decoder shares the encoder's PosNet (posnet_shared=True) but was built without an "
                 "encoder; build the whole model, or set posnet_shared=False."
             )
-        return self.network(inputs_embeds, position_ids)  # (B, L, D)
+        return self.network(inputs_embeds, context)  # (B, L, D)
 
 
 class ReluKernelResidual(torch.autograd.Function):
@@ -278,8 +278,8 @@ class PosNetAttention(PositionEncoding):
             )
         return self.kernels[0 if self.share_layers else layer_idx]
 
-    def embed(self, inputs_embeds, position_ids, padding_mask, cache):
-        check_max_positions(position_ids, self.max_positions, "posnet_attn")
+    def embed(self, inputs_embeds, context, padding_mask, cache):
+        check_max_positions(context, self.max_positions, "posnet_attn")
         return inputs_embeds
 
     def transform_values(self, layer_idx, value, value_positions):

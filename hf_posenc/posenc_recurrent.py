@@ -168,27 +168,27 @@ class RecurrentPositionEncoding(PositionEncoding):
     def projection_weight_mask(self, layer_idx):
         return self.head_mask if layer_idx == 0 else None
 
-    def embed(self, inputs_embeds, position_ids, padding_mask, cache):
-        check_max_positions(position_ids, self.max_positions, self.name)
+    def embed(self, inputs_embeds, context, padding_mask, cache):
+        check_max_positions(context, self.max_positions, self.name)
         word_part, recurrent_part = inputs_embeds.split([self.word_dim, self.rpe_dim], dim=-1)
-        words = word_part + self.table[position_ids].to(inputs_embeds.dtype)  # P, (B, L, d_p)
+        words = word_part + self.table[context.query_positions].to(inputs_embeds.dtype)  # P, (B, L, d_p)
         if self.bidirectional:
             states = bidirectional_states(self.rnn, recurrent_part, padding_mask)
         else:
-            states = self.forward_states(recurrent_part, position_ids, cache)
+            states = self.forward_states(recurrent_part, context.query_span[0], cache)
         rpes = torch.tanh(self.rpe_projection(states))  # R, Eq. 6, (B, L, d_r)
         return self.assemble(words, rpes)
 
-    def forward_states(self, inputs, position_ids, cache) -> torch.Tensor:
+    def forward_states(self, inputs, first_position: int, cache) -> torch.Tensor:
         """Forward RNN outputs (B, q, d_r), continuing from (and updating) the state kept in the cache."""
         if cache is None:
             return self.rnn(inputs)[0]
         if not isinstance(cache, PosEncCache):
             raise TypeError(f"{self.name} keeps its RNN state in a PosEncCache, got {type(cache).__name__}.")
         stored = cache.extra_state.get(self.cache_key)  # (B, 1 or 2 for LSTM's (h, c), d_r)
-        if stored is None and int(position_ids[0, 0]) != 0:
+        if stored is None and first_position != 0:
             raise ValueError(
-                f"{self.name}: decoding continues at position {int(position_ids[0, 0])} but the cache holds "
+                f"{self.name}: decoding continues at position {first_position} but the cache holds "
                 "no RNN state; the cache must have been filled by this model from position 0."
             )
         outputs, state = self.rnn(inputs, None if stored is None else self.unpack_state(stored))

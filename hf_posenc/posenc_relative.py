@@ -32,10 +32,12 @@ def relative_distances(context: PositionContext) -> torch.Tensor:
 
 
 def distinct_distances(context: PositionContext) -> tuple[torch.Tensor, torch.Tensor]:
-    """The distances r = j - i a context contains, as a range (R,) with R <= q + k - 1, and the entry of every
-    (i, j) in it, (B|1, q, k). Biases that depend on r only are computed over the R distances and gathered."""
+    """The distances r = j - i a context can contain, as a range (R,) taken from its host-side spans (R = q + k - 1
+    for unpadded inputs), and the entry of every (i, j) in it, (B|1, q, k). Biases that depend on r only are
+    computed over the R distances and gathered."""
     relative = relative_distances(context)  # (B|1, q, k)
-    nearest, farthest = int(relative.min()), int(relative.max())
+    nearest = context.key_span[0] - context.query_span[1]
+    farthest = context.key_span[1] - context.query_span[0]
     return torch.arange(nearest, farthest + 1, device=relative.device), relative - nearest
 
 

@@ -9,8 +9,15 @@ from conftest import PAD, TINY_FIELDS, VOCAB, source_batch, target_batch, tiny_c
 from safetensors import safe_open
 from transformers import AutoConfig, AutoModelForSeq2SeqLM, MarianConfig, MarianMTModel
 
-from hf_posenc import MarianPosEncConfig, MarianPosEncForConditionalGeneration
+from hf_posenc import (
+    POSITION_ENCODINGS,
+    TOKEN_MIXERS,
+    MarianPosEncConfig,
+    MarianPosEncForConditionalGeneration,
+    posenc_base,
+)
 from hf_posenc.posenc_absolute import marian_sinusoid_table
+from hf_posenc.posenc_base import DECODER_SELF_ATTENTION
 
 
 def stock_marian(seed=0):
@@ -144,3 +151,31 @@ def test_encoder_positions_ignore_left_padding():
         alone = model.get_encoder()(input_ids=src).last_hidden_state
         padded = model.get_encoder()(input_ids=left_padded, attention_mask=left_mask).last_hidden_state
     torch.testing.assert_close(padded[:, 3:], alone, atol=1e-5, rtol=1e-4)
+
+
+NO_POSITION_READS = [
+    {"position_encoding": name} for name in POSITION_ENCODINGS if not name.startswith("posnet")
+] + [
+    {"decoder_self_attention": name}
+    for name, mixer in TOKEN_MIXERS.items()
+    if DECODER_SELF_ATTENTION in mixer.allowed_sites
+]
+
+
+@pytest.mark.parametrize("overrides", NO_POSITION_READS, ids=lambda overrides: "-".join(overrides.values()))
+@pytest.mark.parametrize("precomputed", [False, True], ids=["computed", "folded"])
+def test_decoding_steps_read_no_positions_back_from_the_device(overrides, precomputed, monkeypatch):
+    """Positions reach the modules with host-side spans: the encoder reads its padded positions' span once,
+    and no decoding step reads a position tensor back (on a GPU each read would be a device sync). PosNet is
+    not in the list: its kernel lookup still checks on the host whether a step's positions are consecutive."""
+    model = tiny_model(**overrides)
+    if precomputed:
+        model.precompute_position_attention()
+    reads, read = [], posenc_base.position_span
+    monkeypatch.setattr(
+        posenc_base, "position_span", lambda positions: reads.append(positions.shape) or read(positions)
+    )
+    src, mask = source_batch()
+    with torch.no_grad():
+        model.generate(input_ids=src, attention_mask=mask, max_new_tokens=6, min_new_tokens=6, num_beams=2)
+    assert reads == [src.shape]

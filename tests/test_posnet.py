@@ -6,7 +6,7 @@ import torch
 from conftest import PAD, source_batch, target_batch, tiny_config, tiny_model
 
 from hf_posenc import MarianPosEncForConditionalGeneration
-from hf_posenc.posenc_base import positions_from_padding_mask
+from hf_posenc.posenc_base import PositionContext, positions_from_padding_mask
 from hf_posenc.posenc_posnet import (
     ReluKernelResidual,
     kernel_product_of_values,
@@ -80,7 +80,8 @@ def test_posnet_embed_matches_equation_24_with_positions_from_each_sequence_star
     positions = positions_from_padding_mask(mask, mask.shape[1], "cpu")
     with torch.no_grad():
         torch.testing.assert_close(
-            network(inputs, positions), direct_posnet_embed(network, inputs, positions)
+            network(inputs, PositionContext(None, positions, positions)),
+            direct_posnet_embed(network, inputs, positions),
         )
 
 

@@ -9,9 +9,15 @@ from safetensors.torch import load_file, save_file
 from transformers.cache_utils import DynamicCache
 
 from hf_posenc import MarianPosEncConfig, MarianPosEncForConditionalGeneration, PosEncCache
+from hf_posenc.posenc_base import PositionContext
 from hf_posenc.posenc_recurrent import MPRHeadPositionEncoding, RPEHeadPositionEncoding
 
 LAYOUTS = {"rpe_head": RPEHeadPositionEncoding, "mpr_head": MPRHeadPositionEncoding}
+
+
+def at(positions: torch.Tensor) -> PositionContext:
+    """The context an encoding's `embed` reads its tokens' positions from."""
+    return PositionContext(None, positions, positions)
 
 
 def paper_sinusoid(length: int, dim: int) -> torch.Tensor:
@@ -70,7 +76,7 @@ def test_encoder_input_matches_the_equations_with_right_and_left_padding(layout)
     with torch.no_grad():
         for padded_mask, padded_embeds in ((mask, embeds), (left_mask, left_embeds)):
             positions = (padded_mask.cumsum(-1) - 1).clamp(min=0)
-            stack_input = encoding.embed(padded_embeds, positions, padded_mask, None)
+            stack_input = encoding.embed(padded_embeds, at(positions), padded_mask, None)
             for row in range(len(src)):
                 real = padded_mask[row].bool()
                 expected = reference_stack_input(encoding, padded_embeds[row, real])
@@ -86,9 +92,13 @@ def test_decoder_input_matches_the_equations_in_full_and_step_by_step(layout):
     positions = torch.arange(6)[None].expand(2, -1)
     cache = PosEncCache(DynamicCache(), DynamicCache())
     with torch.no_grad():
-        full = encoding.embed(embeds, positions, None, None)
+        full = encoding.embed(embeds, at(positions), None, None)
         steps = torch.cat(
-            [encoding.embed(embeds[:, j : j + 1], positions[:, j : j + 1], None, cache) for j in range(6)], 1
+            [
+                encoding.embed(embeds[:, j : j + 1], at(positions[:, j : j + 1]), None, cache)
+                for j in range(6)
+            ],
+            1,
         )
     for row in range(2):
         torch.testing.assert_close(
@@ -107,11 +117,11 @@ def test_lstm_state_in_the_cache_keeps_hidden_and_cell_and_follows_beam_reorderi
     order = torch.tensor([2, 0, 0])
     cache = PosEncCache(DynamicCache(), DynamicCache())
     with torch.no_grad():
-        full = encoding.embed(embeds[order], positions, None, None)
-        encoding.embed(embeds[:, :3], positions[:, :3], None, cache)
+        full = encoding.embed(embeds[order], at(positions), None, None)
+        encoding.embed(embeds[:, :3], at(positions[:, :3]), None, cache)
         assert cache.extra_state[encoding.cache_key].shape == (3, 2, encoding.rpe_dim)
         cache.reorder_cache(order)
-        rest = encoding.embed(embeds[order, 3:], positions[:, 3:], None, cache)
+        rest = encoding.embed(embeds[order, 3:], at(positions[:, 3:]), None, cache)
     torch.testing.assert_close(rest, full[:, 3:], atol=1e-6, rtol=1e-6)
 
 
@@ -120,7 +130,7 @@ def test_decoding_from_a_cache_without_rnn_state_is_refused():
     encoding = tiny_model(position_encoding="rpe_head").model.decoder.position_encoding
     with pytest.raises(ValueError, match="no RNN state"):
         encoding.embed(
-            torch.randn(1, 1, 32), torch.tensor([[3]]), None, PosEncCache(DynamicCache(), DynamicCache())
+            torch.randn(1, 1, 32), at(torch.tensor([[3]])), None, PosEncCache(DynamicCache(), DynamicCache())
         )
 
 
@@ -166,7 +176,7 @@ def test_the_two_layouts_differ_only_by_a_feature_permutation_under_full_project
                     q_proj.weight[:, permutation] = q_proj.weight.clone()
             with torch.no_grad():
                 stack_input = encoder.position_encoding.embed(
-                    encoder.embed_tokens(src) * encoder.embed_scale, positions, mask, None
+                    encoder.embed_tokens(src) * encoder.embed_scale, at(positions), mask, None
                 )
                 queries.append(
                     encoder.layers[0].self_attn.project(q_proj, stack_input, encoder.position_encoding)
