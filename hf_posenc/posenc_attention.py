@@ -129,7 +129,9 @@ class ContentAttention(TokenMixer):
 
         dropout = self.dropout if self.training else 0.0
         if encoding is not None and encoding.has_custom_attention:
-            output, weights = encoding.attend(self, query, key, value, attention_mask, context, dropout)
+            output, weights = encoding.attend(
+                self, query, key, value, attention_mask, context, dropout, output_attentions
+            )
         else:
             bias = encoding.score_bias(self.layer_idx, context) if encoding is not None else None
             if bias is not None:

@@ -149,8 +149,19 @@ class PositionEncoding(nn.Module):
         """Additive bias on the scaled attention scores, (B|1, H, q, k), or None."""
         return None
 
-    def attend(self, module, query, key, value, attention_mask, context: PositionContext, dropout: float):
-        """Whole attention for encodings with `has_custom_attention`; returns (B, q, H, Dh), weights."""
+    def attend(
+        self,
+        module,
+        query,
+        key,
+        value,
+        attention_mask,
+        context: PositionContext,
+        dropout: float,
+        need_weights: bool,
+    ):
+        """Whole attention for encodings with `has_custom_attention`; returns (B, q, H, Dh) and the weights
+        (B, H, q, k), or None for them when `need_weights` is False."""
         raise NotImplementedError(f"{type(self).__name__} does not define its own attention")
 
 

@@ -330,7 +330,7 @@ def test_shaw_recomputing_backward_equals_autograd_through_the_equations(dropout
     """The hand-written backward of ShawAttentionFunction (weights recomputed, not saved) gives the same
     gradients for queries, keys, values and both tables as autograd through Eq. 3-5, with padding and
     attention dropout (the keep-mask is replayed from the same seed)."""
-    from hf_posenc.posenc_relative import ShawAttentionFunction
+    from hf_posenc.posenc_relative import ClippedDistances, ShawAttentionFunction
 
     generator = torch.Generator().manual_seed(0)
     batch, heads, length, head_dim, clip = 2, 3, 6, 4, 2
@@ -347,7 +347,9 @@ def test_shaw_recomputing_backward_equals_autograd_through_the_equations(dropout
     upstream = torch.randn(batch, heads, length, head_dim, generator=generator, dtype=torch.float64)
 
     torch.manual_seed(1)
-    output, weights = ShawAttentionFunction.apply(*inputs, index, mask, 0.5, dropout)
+    distances = ClippedDistances.of_grid(length, length, clip, "cpu")
+    torch.testing.assert_close(distances.index, index, atol=0, rtol=0)
+    output, weights = ShawAttentionFunction.apply(*inputs, distances, mask, 0.5, dropout)
     actual = torch.autograd.grad(output, inputs, upstream)
     torch.manual_seed(1)
     keep = torch.rand(batch, heads, length, length, dtype=torch.float64) >= dropout  # what forward drew
@@ -357,3 +359,50 @@ def test_shaw_recomputing_backward_equals_autograd_through_the_equations(dropout
     torch.testing.assert_close(weights, expected_weights)
     for name, got, want in zip(("query", "key", "value", "w^K", "w^V"), actual, expected, strict=True):
         torch.testing.assert_close(got, want, msg=name)
+
+
+def test_shaw_in_batch_slices_equals_the_whole_batch(monkeypatch):
+    """Shaw's kernel runs a slice of the batch at a time (cache-sized score maps); slicing changes nothing:
+    same logits, weights and gradients as one slice, with padding in the encoder and causality in the decoder."""
+    from hf_posenc import posenc_relative
+
+    model = tiny_model(position_encoding="shaw")
+    src, mask = source_batch()
+    tgt = target_batch()
+
+    def run():
+        model.zero_grad()
+        out = model(input_ids=src, attention_mask=mask, decoder_input_ids=tgt, output_attentions=True)
+        out.logits.square().sum().backward()
+        grads = [p.grad.clone() for p in model.parameters() if p.grad is not None]
+        return out, grads
+
+    whole, whole_grads = run()
+    monkeypatch.setattr(posenc_relative, "SHAW_SCORES_PER_SLICE", 1)  # one sequence per slice
+    sliced, sliced_grads = run()
+    torch.testing.assert_close(sliced.logits, whole.logits)
+    for name in ("encoder_attentions", "decoder_attentions"):
+        for got, want in zip(getattr(sliced, name), getattr(whole, name), strict=True):
+            torch.testing.assert_close(got, want)
+    for got, want in zip(sliced_grads, whole_grads, strict=True):
+        torch.testing.assert_close(got, want)
+
+
+@pytest.mark.parametrize(
+    ("queries", "keys", "clip"), [(7, 7, 2), (1, 9, 3), (3, 8, 2), (5, 5, 16), (1, 1, 2)]
+)
+def test_clipped_distances_of_a_grid_and_their_sums(queries, keys, clip):
+    """Shaw's kernel indexes (i, j) by clip(j - i - (k - q)) (queries are the last q keys: the full forward and
+    decoding steps), and its per-distance sums (running sums read at the bucket ends) equal summing the
+    weights of every key into its distance, also for distances that no key reaches."""
+    from hf_posenc.posenc_relative import ClippedDistances
+
+    distances = ClippedDistances.of_grid(queries, keys, clip, "cpu")
+    weights = torch.randn(2, 3, queries, keys, dtype=torch.float64)
+    expected = torch.zeros(2, 3, queries, 2 * clip + 1, dtype=torch.float64)
+    for i in range(queries):
+        for j in range(keys):
+            row = min(max(j - (keys - queries) - i, -clip), clip) + clip
+            assert distances.index[0, 0, i, j] == row
+            expected[:, :, i, row] += weights[:, :, i, j]
+    torch.testing.assert_close(distances.sum_per_distance(weights), expected)
