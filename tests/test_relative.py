@@ -347,7 +347,7 @@ def test_shaw_recomputing_backward_equals_autograd_through_the_equations(dropout
     upstream = torch.randn(batch, heads, length, head_dim, generator=generator, dtype=torch.float64)
 
     torch.manual_seed(1)
-    distances = ClippedDistances.of_grid(length, length, clip, "cpu")
+    distances = ClippedDistances.of_grid(length, length, clip, "cpu", torch.float64)
     torch.testing.assert_close(distances.index, index, atol=0, rtol=0)
     output, weights = ShawAttentionFunction.apply(*inputs, distances, mask, 0.5, dropout)
     actual = torch.autograd.grad(output, inputs, upstream)
@@ -393,11 +393,11 @@ def test_shaw_in_batch_slices_equals_the_whole_batch(monkeypatch):
 )
 def test_clipped_distances_of_a_grid_and_their_sums(queries, keys, clip):
     """Shaw's kernel indexes (i, j) by clip(j - i - (k - q)) (queries are the last q keys: the full forward and
-    decoding steps), and its per-distance sums (running sums read at the bucket ends) equal summing the
-    weights of every key into its distance, also for distances that no key reaches."""
+    decoding steps), and its per-distance sums (gathered interior distances, masked sums of the clipped
+    ends) equal summing the weights of every key into its distance, also for distances no key reaches."""
     from hf_posenc.posenc_relative import ClippedDistances
 
-    distances = ClippedDistances.of_grid(queries, keys, clip, "cpu")
+    distances = ClippedDistances.of_grid(queries, keys, clip, "cpu", torch.float64)
     weights = torch.randn(2, 3, queries, keys, dtype=torch.float64)
     expected = torch.zeros(2, 3, queries, 2 * clip + 1, dtype=torch.float64)
     for i in range(queries):
