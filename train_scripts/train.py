@@ -371,8 +371,14 @@ def main(argv=None):
     train_result = trainer.train(resume_from_checkpoint=True if resume == "last" else resume)
     train_minutes = (time.monotonic() - train_started) / 60
     steps = train_result.global_step
+    # Every process takes part in writing the trained weights: under FSDP (full state dict) and DeepSpeed the
+    # Trainer gathers the sharded parameters here. Process 0 then reloads the whole model from that folder and
+    # evaluates it, the same way on one process, under DDP and under sharding.
+    trained_dir = checkpoints_dir / "trained"
+    trainer.save_model(str(trained_dir))
     if not trainer.is_world_process_zero():
         return None  # one process evaluates and writes the folder
+    model = type(model).from_pretrained(trained_dir).to(training_args.device)
     averaged = average_into(model, checkpoints_dir, args) if args.average_last or args.average_best else []
 
     decode_started = time.monotonic()
