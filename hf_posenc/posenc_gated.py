@@ -51,6 +51,13 @@ def allowed_keys(attention_mask, context: PositionContext, is_causal: bool) -> t
     return attention_mask == 0  # eager float masks hold 0 where allowed and the dtype's minimum elsewhere
 
 
+def tensors_state(*tensors: torch.Tensor) -> tuple:
+    """What identifies the current contents of tensors, for tables derived from them: storage, version, dtype
+    and device. Tensors made under torch.inference_mode keep no version counter (changing them in place is only
+    possible inside inference mode, where a model is not trained)."""
+    return tuple((t.data_ptr(), None if t.is_inference() else t._version, t.dtype, t.device) for t in tensors)
+
+
 class PositionMixer(TokenMixer):
     """Token mixing with content-independent weights: out_proj(gate([W · values])), values cached per site.
 
@@ -190,10 +197,7 @@ class PositionAttention(PositionMixer):
         softmax does not depend on the later columns, so a longer table only extends it. Rebuilt whenever the
         energies change (loading, training, dtype or device moves), keyed on their storage and version.
         """
-        # Tensors made under torch.inference_mode keep no version counter (changing them in place is only
-        # possible inside inference mode, where a model is not trained).
-        version = None if self.energies.is_inference() else self.energies._version
-        key = (self.energies.data_ptr(), version, self.energies.dtype, self.energies.device)
+        key = tensors_state(self.energies)
         table = getattr(self, "cached_causal_weights", None)
         if table is None or table[0] != key or table[1].shape[-1] < needed_rows:
             length = min(self.max_positions, max(64, 1 << (needed_rows - 1).bit_length()))
@@ -247,9 +251,26 @@ class APosNetAttention(PositionAttention):
 
     def computed_energies(self, context):
         queries = self.projected_queries(context.query_positions)  # (B|1, H, q, Dh)
-        keys = self.k_proj(self.position_vectors[context.key_positions].to(self.k_proj.weight.dtype))
+        keys = self.position_keys(context.key_positions).to(queries.dtype)  # (B|1, k, D)
         keys = keys.view(*context.key_positions.shape, self.num_heads, -1).transpose(1, 2)  # (B|1, H, k, Dh)
         return torch.matmul(queries, keys.transpose(2, 3)) * self.scaling  # (B|1, H, q, k)
+
+    def position_keys(self, positions: torch.Tensor) -> torch.Tensor:
+        """W^K m̃ at `positions` (B|1, k) -> (B|1, k, D).
+
+        Keys depend on positions only. Without gradients (decoding), the keys of all N positions are projected
+        once and kept until W^K changes, so a decoding step reads the rows of its cached positions, as content
+        attention reads its key cache, instead of projecting the whole prefix again."""
+        weights = (self.k_proj.weight, self.k_proj.bias, self.position_vectors)
+        if torch.is_grad_enabled() and any(w.requires_grad for w in weights):
+            return self.k_proj(self.position_vectors[positions].to(self.k_proj.weight.dtype))
+        key = tensors_state(*weights)
+        cached = getattr(self, "cached_position_keys", None)
+        if cached is None or cached[0] != key:
+            with torch.no_grad(), torch.autocast(self.k_proj.weight.device.type, enabled=False):
+                cached = (key, self.k_proj(self.position_vectors.to(self.k_proj.weight.dtype)))  # (N, D)
+            self.cached_position_keys = cached
+        return cached[1][positions]
 
     def table_energies(self, context):
         rows = context.query_positions[:, :, None]  # (B|1, q, 1)

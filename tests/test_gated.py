@@ -318,3 +318,23 @@ def test_model_folded_and_decoded_under_inference_mode_matches_the_unfolded_mode
         model.precompute_position_attention()
         folded = model.generate(input_ids=source, max_new_tokens=6, num_beams=1, do_sample=False)
     torch.testing.assert_close(folded, unfolded)
+
+
+def test_unfolded_aposnet_decoding_projects_position_keys_once_and_follows_changes_of_w_k():
+    """Without gradients, aPosNet's keys W^K m̃ of all positions are projected once and then read by row, so a
+    decoding step does not project its prefix again; changing W^K (training, loading) refreshes them."""
+    model = tiny_model(decoder_self_attention="aposnet")
+    mixer = model.model.decoder.layers[0].self_attn
+    projected_rows = []
+    mixer.k_proj.register_forward_hook(lambda module, args, out: projected_rows.append(args[0].shape[-2]))
+    src, mask = source_batch()
+    with torch.no_grad():
+        model.generate(input_ids=src, attention_mask=mask, max_new_tokens=8, min_new_tokens=8, num_beams=1)
+    assert projected_rows == [mixer.max_positions]  # one projection of the whole table, not one per step
+
+    positions = torch.arange(6)[None]
+    with torch.no_grad():
+        mixer.k_proj.weight.mul_(2.0)  # in place: a new version of the weight
+        cached = mixer.position_keys(positions)
+    expected = mixer.k_proj(mixer.position_vectors[positions])  # gradients on: computed directly
+    torch.testing.assert_close(cached, expected)
