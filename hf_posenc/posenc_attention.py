@@ -94,9 +94,10 @@ class ContentAttention(TokenMixer):
         if self.gating is not None:
             value = self.gating.normalize_values(value)
         value = value.view(shape).transpose(1, 2)
-        if context.encoding is not None:
-            new_positions = context.key_positions[:, -states.shape[1] :]
-            value = context.encoding.transform_values(self.layer_idx, value, new_positions)
+        if context.encoding is not None:  # self-attention: the new keys are the queries
+            value = context.encoding.transform_values(
+                self.layer_idx, value, context.query_positions, context.query_span
+            )
         return key, value
 
     def forward(

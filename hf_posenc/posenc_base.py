@@ -141,8 +141,11 @@ class PositionEncoding(nn.Module):
         """(B, H, q, Dh), (B, H, k_new, Dh) -> same; keys are the new ones only (rotated before caching)."""
         return query, key
 
-    def transform_values(self, layer_idx: int, value, value_positions: torch.Tensor):
-        """(B, H, k_new, Dh) -> same, applied before caching so each decoding step transforms one value."""
+    def transform_values(self, layer_idx: int, value, value_positions: torch.Tensor, value_span=None):
+        """(B, H, k_new, Dh) -> same, applied before caching so each decoding step transforms one value.
+
+        `value_span` is the (smallest, largest) value position as host integers (the model always passes it;
+        None: read it off the positions)."""
         return value
 
     def score_bias(self, layer_idx: int, context: PositionContext) -> torch.Tensor | None:

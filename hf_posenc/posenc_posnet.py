@@ -35,9 +35,10 @@ from .posenc_base import DECODER, ENCODER, PositionContext, PositionEncoding, ch
 
 
 def position_kernel_product(
-    inputs: torch.Tensor, kernels: torch.Tensor, positions: torch.Tensor
+    inputs: torch.Tensor, kernels: torch.Tensor, positions: torch.Tensor, span=None
 ) -> torch.Tensor:
-    """x_t φ_{p_t} for every token t (Eq. 16): inputs (B, L, G, d), kernels (L_max, K, d, d), positions (B|1, L).
+    """x_t φ_{p_t} for every token t (Eq. 16): inputs (B, L, G, d), kernels (L_max, K, d, d), positions (B|1, L),
+    `span` their (smallest, largest) value when the caller knows it (see `kernels_at`).
 
     K is 1 (one kernel for all G groups, e.g. heads) or G (a kernel per group). The product runs as one batched
     matmul over positions with the batch folded into the rows, so the gathered kernels take L·K·d² memory and
@@ -47,7 +48,9 @@ def position_kernel_product(
     batch, length, groups, dim = inputs.shape
     shared_positions = positions.amax(0)  # (L,): the positions of the longest rows
     rows = inputs.permute(1, 2, 0, 3).reshape(length, kernels.shape[1], -1, dim)  # (L, K, G·B/K, d)
-    output = torch.matmul(rows, kernels_at(kernels, shared_positions).to(inputs.dtype))  # (L, K, G·B/K, d)
+    output = torch.matmul(
+        rows, kernels_at(kernels, shared_positions, span).to(inputs.dtype)
+    )  # (L, K, G·B/K, d)
     output = output.reshape(length, groups, batch, dim).permute(2, 0, 1, 3)  # (B, L, G, d)
     if positions.shape[0] > 1:
         differs = positions != shared_positions  # (B, L)
@@ -59,10 +62,20 @@ def position_kernel_product(
     return output
 
 
-def kernels_at(kernels: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+def kernels_at(kernels: torch.Tensor, positions: torch.Tensor, span=None) -> torch.Tensor:
     """kernels[positions] for positions (L,): a slice (a view, no copy) when they are consecutive, as they are
     for unpadded and right-padded batches and for decoding steps; else a gather. The slice also keeps the
-    backward a dense copy into the gradient, where a gather's backward is a scatter-add over L_max."""
+    backward a dense copy into the gradient, where a gather's backward is a scatter-add over L_max.
+
+    With the positions' `span` (smallest, largest), as the model passes it, the test needs no read-back of the
+    positions (a device sync per decoding step on a GPU): the model's positions start every row at the span's
+    smallest value and rise by 0 or 1 per token (`positions_from_padding_mask`, the decoder's ranges), so L
+    positions spanning L values are consecutive. Without a span the positions are compared with a range."""
+    if span is not None:
+        first, last = span
+        if last - first + 1 == positions.shape[0]:
+            return kernels[first : last + 1]
+        return kernels[positions]
     first = int(positions[0]) if positions.numel() else 0
     if torch.equal(positions, torch.arange(first, first + positions.shape[0], device=positions.device)):
         return kernels[first : first + positions.shape[0]]
@@ -111,7 +124,9 @@ class PositionalKernelNetwork(nn.Module):
     def forward(self, inputs: torch.Tensor, context: PositionContext) -> torch.Tensor:
         check_max_positions(context, self.max_positions, "posnet_embed")
         projected = (inputs @ self.down).unsqueeze(2)  # (B, L, 1, d_p)
-        kernelled = position_kernel_product(projected, self.kernels, context.query_positions).squeeze(2)
+        kernelled = position_kernel_product(
+            projected, self.kernels, context.query_positions, context.query_span
+        ).squeeze(2)
         update = self.activation(kernelled) @ self.up  # (B, L, D)
         return inputs + nn.functional.dropout(update, p=self.dropout, training=self.training)
 
@@ -167,17 +182,17 @@ class ReluKernelResidual(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, value, kernels, positions, dropout: float, training: bool):
-        # value (B, H, k, d_k), kernels (L_max, K, d_k, d_k), positions (B|1, k)
+    def forward(ctx, value, kernels, positions, dropout: float, training: bool, span=None):
+        # value (B, H, k, d_k), kernels (L_max, K, d_k, d_k), positions (B|1, k), span as in `kernels_at`
         with torch.autocast(value.device.type, enabled=False):
-            pre_activation = kernel_product_of_values(value, kernels, positions)  # (B, H, k, d_k)
+            pre_activation = kernel_product_of_values(value, kernels, positions, span)  # (B, H, k, d_k)
         mask = pre_activation > 0
         scale = 1.0
         if training and dropout > 0:
             mask &= torch.rand_like(pre_activation) >= dropout
             scale = 1.0 / (1.0 - dropout)
         ctx.save_for_backward(value, kernels, positions, mask)
-        ctx.scale = scale
+        ctx.scale, ctx.span = scale, span
         update = pre_activation.mul_(mask)
         if scale != 1.0:
             update.mul_(scale)
@@ -192,20 +207,20 @@ class ReluKernelResidual(torch.autograd.Function):
         with torch.enable_grad(), torch.autocast(value.device.type, enabled=False):
             value_leaf = value.detach().requires_grad_(ctx.needs_input_grad[0])
             kernels_leaf = kernels.detach().requires_grad_(ctx.needs_input_grad[1])
-            pre_activation = kernel_product_of_values(value_leaf, kernels_leaf, positions)
+            pre_activation = kernel_product_of_values(value_leaf, kernels_leaf, positions, ctx.span)
             leaves = [leaf for leaf in (value_leaf, kernels_leaf) if leaf.requires_grad]
             grads = iter(torch.autograd.grad(pre_activation, leaves, grad_pre_activation))
         grad_value = grad_output + next(grads) if ctx.needs_input_grad[0] else None
         grad_kernels = next(grads) if ctx.needs_input_grad[1] else None
-        return grad_value, grad_kernels, None, None, None
+        return grad_value, grad_kernels, None, None, None, None
 
 
 def kernel_product_of_values(
-    value: torch.Tensor, kernels: torch.Tensor, positions: torch.Tensor
+    value: torch.Tensor, kernels: torch.Tensor, positions: torch.Tensor, span=None
 ) -> torch.Tensor:
     """v_j φ_j for attention values (B, H, k, d_k) with kernels (L_max, K, d_k, d_k)."""
     per_position = value.transpose(1, 2)  # (B, k, H, d_k)
-    return position_kernel_product(per_position, kernels, positions).transpose(1, 2)
+    return position_kernel_product(per_position, kernels, positions, span).transpose(1, 2)
 
 
 class PosNetAttention(PositionEncoding):
@@ -282,11 +297,15 @@ class PosNetAttention(PositionEncoding):
         check_max_positions(context, self.max_positions, "posnet_attn")
         return inputs_embeds
 
-    def transform_values(self, layer_idx, value, value_positions):
+    def transform_values(self, layer_idx, value, value_positions, value_span=None):
         kernels = self.layer_kernels(layer_idx)
         if self.lean_relu:
-            return ReluKernelResidual.apply(value, kernels, value_positions, self.dropout, self.training)
-        kernelled = kernel_product_of_values(value, kernels, value_positions)  # (B, H, k_new, d_k)
+            return ReluKernelResidual.apply(
+                value, kernels, value_positions, self.dropout, self.training, value_span
+            )
+        kernelled = kernel_product_of_values(
+            value, kernels, value_positions, value_span
+        )  # (B, H, k_new, d_k)
         update = nn.functional.dropout(self.activation(kernelled), p=self.dropout, training=self.training)
         return value + update  # (B, H, k_new, d_k)
 

@@ -2,6 +2,8 @@
 defaults, attention outputs and the loss the Trainer relies on."""
 
 import json
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -9,12 +11,12 @@ from conftest import PAD, TINY_FIELDS, VOCAB, source_batch, target_batch, tiny_c
 from safetensors import safe_open
 from transformers import AutoConfig, AutoModelForSeq2SeqLM, MarianConfig, MarianMTModel
 
+import hf_posenc
 from hf_posenc import (
     POSITION_ENCODINGS,
     TOKEN_MIXERS,
     MarianPosEncConfig,
     MarianPosEncForConditionalGeneration,
-    posenc_base,
 )
 from hf_posenc.posenc_absolute import marian_sinusoid_table
 from hf_posenc.posenc_base import DECODER_SELF_ATTENTION
@@ -153,29 +155,55 @@ def test_encoder_positions_ignore_left_padding():
     torch.testing.assert_close(padded[:, 3:], alone, atol=1e-5, rtol=1e-4)
 
 
-NO_POSITION_READS = [
-    {"position_encoding": name} for name in POSITION_ENCODINGS if not name.startswith("posnet")
-] + [
+NO_POSITION_READS = [{"position_encoding": name} for name in POSITION_ENCODINGS] + [
     {"decoder_self_attention": name}
     for name, mixer in TOKEN_MIXERS.items()
     if DECODER_SELF_ATTENTION in mixer.allowed_sites
 ]
 
 
+def record_host_reads_from(package_dir: Path, monkeypatch) -> list[str]:
+    """Every read of a tensor's values into Python (int(), bool(), .item(), .tolist(), torch.equal) made by
+    code under `package_dir`: on a GPU each one waits for the device (a sync)."""
+    reads = []
+
+    def recorded(name, original):
+        def read(*args, **kwargs):
+            caller = sys._getframe(1).f_code
+            if Path(caller.co_filename).is_relative_to(package_dir):
+                reads.append(f"{name} in {caller.co_name}")
+            return original(*args, **kwargs)
+
+        return read
+
+    for name in ("__int__", "__bool__", "__index__", "item", "tolist"):
+        monkeypatch.setattr(torch.Tensor, name, recorded(name, getattr(torch.Tensor, name)))
+    monkeypatch.setattr(torch, "equal", recorded("equal", torch.equal))
+    return reads
+
+
 @pytest.mark.parametrize("overrides", NO_POSITION_READS, ids=lambda overrides: "-".join(overrides.values()))
 @pytest.mark.parametrize("precomputed", [False, True], ids=["computed", "folded"])
 def test_decoding_steps_read_no_positions_back_from_the_device(overrides, precomputed, monkeypatch):
-    """Positions reach the modules with host-side spans: the encoder reads its padded positions' span once,
-    and no decoding step reads a position tensor back (on a GPU each read would be a device sync). PosNet is
-    not in the list: its kernel lookup still checks on the host whether a step's positions are consecutive."""
+    """Positions reach the modules with host-side spans (the decoder knows them from the cache length), so a
+    decoding step of any module never reads tensor values back into Python; on a GPU each read would be a
+    device sync per step. The encoder runs before the check (it reads its padded positions' span once)."""
     model = tiny_model(**overrides)
     if precomputed:
         model.precompute_position_attention()
-    reads, read = [], posenc_base.position_span
-    monkeypatch.setattr(
-        posenc_base, "position_span", lambda positions: reads.append(positions.shape) or read(positions)
-    )
     src, mask = source_batch()
     with torch.no_grad():
-        model.generate(input_ids=src, attention_mask=mask, max_new_tokens=6, min_new_tokens=6, num_beams=2)
-    assert reads == [src.shape]
+        encoder_outputs = model.get_encoder()(input_ids=src, attention_mask=mask)
+        reads = record_host_reads_from(Path(hf_posenc.__file__).parent, monkeypatch)
+        tokens, cache = torch.zeros(src.shape[0], 1, dtype=torch.long), None
+        for _ in range(4):
+            out = model(
+                encoder_outputs=encoder_outputs,
+                attention_mask=mask,
+                decoder_input_ids=tokens[:, -1:],
+                past_key_values=cache,
+                use_cache=True,
+            )
+            cache = out.past_key_values
+            tokens = torch.cat([tokens, out.logits[:, -1].argmax(-1, keepdim=True)], dim=1)
+    assert reads == []

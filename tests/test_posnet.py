@@ -327,3 +327,31 @@ def test_bad_posnet_hyperparameters_fail_at_config_time(overrides, message):
     """Impossible PosNet settings raise a ValueError naming the value when the config is built."""
     with pytest.raises(ValueError, match=message):
         tiny_config(**{"position_encoding": "posnet_embed", **overrides})
+
+
+@pytest.mark.parametrize(
+    "mask",
+    [
+        [[1, 1, 1, 1]],
+        [[1, 1, 1, 1], [1, 1, 0, 0]],
+        [[0, 0, 1, 1], [1, 1, 1, 0]],
+        [[1, 1, 0, 0], [1, 0, 0, 0]],
+    ],
+    ids=["unpadded", "right-padded", "left-and-right", "no-full-row"],
+)
+def test_kernels_at_with_the_span_equals_the_gather_for_the_models_positions(mask):
+    """Given the span the model passes (no read-back of the positions), the lookup of the batch's shared
+    positions equals the gather for every padding layout the model produces, and slices only when they are
+    consecutive; decoding-step positions (a range from the cache length) slice."""
+    kernels = torch.randn(8, 1, 3, 3)
+    positions = positions_from_padding_mask(torch.tensor(mask), 4, "cpu")
+    shared = positions.amax(0)
+    span = (int(positions.min()), int(positions.max()))
+    looked_up = kernels_at(kernels, shared, span)
+    torch.testing.assert_close(looked_up, kernels[shared], atol=0, rtol=0)
+    consecutive = shared.tolist() == list(range(int(shared[0]), int(shared[0]) + 4))
+    assert (looked_up.untyped_storage().data_ptr() == kernels.untyped_storage().data_ptr()) == consecutive
+    step = torch.arange(5, 6)
+    assert (
+        kernels_at(kernels, step, (5, 5)).untyped_storage().data_ptr() == kernels.untyped_storage().data_ptr()
+    )
