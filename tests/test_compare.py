@@ -78,3 +78,16 @@ def test_tiny_real_comparison_writes_scores_significance_and_probe_and_resumes(t
     assert (folder / "scores.json").stat().st_mtime == scores_written
     assert "none seed 1 en-de: done before" in caplog.text
     assert results.read_text().endswith(compare.NOTES_MARKER + "\nReading of the numbers, by hand.\n")  # kept
+
+
+def test_verdicts_need_seed_noise_as_well_as_significance():
+    """A gap is better/worse only beyond two seed standard deviations and with every seed's bootstrap
+    significant; with a single seed of system and baseline no seed noise is known, so no call is made."""
+    verdict = compare.verdict
+    significant, not_significant = {"bleu": {"significance": True}}, {"bleu": {"significance": False}}
+    assert verdict(None, [5.0], [5.0], []) == "baseline"
+    assert verdict(+3.0, [8.0, 8.2], [5.0, 5.2], [significant] * 2) == "better"
+    assert verdict(-3.0, [2.0, 2.2], [5.0, 5.2], [significant] * 2) == "worse"
+    assert verdict(+3.0, [8.0, 8.2], [2.0, 8.0], [significant] * 2) == "tie"  # within 2 sd of the baseline
+    assert verdict(+3.0, [8.0, 8.2], [5.0, 5.2], [significant, not_significant]) == "tie"
+    assert verdict(+4.8, [13.8], [9.0], [significant]) == "one seed"

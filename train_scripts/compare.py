@@ -504,11 +504,14 @@ def bootstrap_cell(tests: list[dict]) -> str:
 
 def verdict(delta, bleu, base_bleu, tests) -> str:
     """better/worse only when every seed's bootstrap is significant (p < 0.10) and the gap exceeds two seed
-    standard deviations (of the system or of the baseline, whichever is larger and measured); else a tie."""
+    standard deviations (of the system or of the baseline, whichever is larger and measured); else a tie.
+    With one seed of both, no seed noise is measured and the bootstrap alone cannot call a gap: "one seed"."""
     if delta is None:
         return "baseline"
     seed_sds = [statistics.stdev(values) for values in (bleu, base_bleu) if len(values) >= 2]
-    if seed_sds and abs(delta) <= 2 * max(seed_sds):
+    if not seed_sds:
+        return "one seed"
+    if abs(delta) <= 2 * max(seed_sds):
         return "tie"
     if tests and all(t["bleu"]["significance"] for t in tests):
         return "better" if delta > 0 else "worse"
