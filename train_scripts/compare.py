@@ -375,7 +375,8 @@ class Report:
             f"({args.bootstrap_samples} samples) of each seed against the sinusoidal baseline of the same seed, "
             "** p < 0.05, * p < 0.10 (paper 1's marks). Δ BLEU compares with the baseline's runs of the same seeds. "
             "A gap is a **tie** unless every seed's bootstrap is significant (p < 0.10) and it exceeds two "
-            "standard deviations over seeds (of the system, or of the baseline for single-seed rows).",
+            "standard deviations over seeds (of the system, or of the baseline for single-seed rows); where "
+            "neither has two seeds, no seed noise is measured and the verdict is **one seed** (no call).",
             "",
         ]
         for pair in args.pairs:
