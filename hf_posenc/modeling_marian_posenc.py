@@ -45,6 +45,8 @@ from .posenc_base import (
     PositionEncoding,
     TokenMixer,
     positions_from_padding_mask,
+    stack_score_mask,
+    with_score_mask,
 )
 from .posenc_registry import POSITION_ENCODINGS, TOKEN_MIXERS
 
@@ -93,9 +95,14 @@ class MarianPosEncEncoderLayer(MarianPosEncLayer):
         )
         self.self_attn_layer_norm = nn.LayerNorm(config.d_model)
 
-    def forward(self, hidden_states, attention_mask, context: PositionContext, output_attentions=False):
+    def forward(
+        self, hidden_states, attention_mask, score_mask, context: PositionContext, output_attentions=False
+    ):
         mixed, weights = self.self_attn(
-            hidden_states, attention_mask=attention_mask, context=context, output_attentions=output_attentions
+            hidden_states,
+            attention_mask=attention_mask,
+            context=with_score_mask(context, score_mask),
+            output_attentions=output_attentions,
         )
         hidden_states = self.residual_norm(hidden_states, mixed, self.self_attn_layer_norm)
         return self.feed_forward(hidden_states), weights
@@ -117,6 +124,7 @@ class MarianPosEncDecoderLayer(MarianPosEncLayer):
         self,
         hidden_states,
         attention_mask,
+        score_mask,
         encoder_hidden_states,
         encoder_attention_mask,
         self_context: PositionContext,
@@ -128,7 +136,7 @@ class MarianPosEncDecoderLayer(MarianPosEncLayer):
             hidden_states,
             past_key_values=past_key_values,
             attention_mask=attention_mask,
-            context=self_context,
+            context=with_score_mask(self_context, score_mask),
             output_attentions=output_attentions,
         )
         hidden_states = self.residual_norm(hidden_states, mixed, self.self_attn_layer_norm)
@@ -230,11 +238,12 @@ class MarianPosEncEncoder(MarianPosEncStack):
         mask = create_bidirectional_mask(
             config=self.config, inputs_embeds=inputs_embeds, attention_mask=attention_mask
         )
+        score_mask = stack_score_mask(self.position_encoding, mask, context, is_causal=False)
         all_hidden_states = (hidden_states,) if output_hidden_states else None
         all_attentions = () if output_attentions else None
         for layer in self.layers:
             hidden_states, weights = layer(
-                hidden_states, mask, context, output_attentions=bool(output_attentions)
+                hidden_states, mask, score_mask, context, output_attentions=bool(output_attentions)
             )
             if output_hidden_states:
                 all_hidden_states += (hidden_states,)
@@ -321,6 +330,7 @@ class MarianPosEncDecoder(MarianPosEncStack):
             self.position_encoding, query_positions, key_positions, query_span, (0, last)
         )
         cross_context = PositionContext(None, query_positions, source_positions, query_span, source_span)
+        score_mask = stack_score_mask(self.position_encoding, causal_mask, self_context, is_causal=True)
         hidden_states = self.position_encoding.embed(inputs_embeds, self_context, None, past_key_values)
         hidden_states = nn.functional.dropout(hidden_states, p=self.dropout, training=self.training)
         all_hidden_states = (hidden_states,) if output_hidden_states else None
@@ -330,6 +340,7 @@ class MarianPosEncDecoder(MarianPosEncStack):
             hidden_states, self_weights, cross_weights = layer(
                 hidden_states,
                 causal_mask,
+                score_mask,
                 encoder_hidden_states,
                 cross_mask,
                 self_context,

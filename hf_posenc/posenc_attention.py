@@ -134,8 +134,9 @@ class ContentAttention(TokenMixer):
                 self, query, key, value, attention_mask, context, dropout, output_attentions
             )
         else:
-            bias = encoding.score_bias(self.layer_idx, context) if encoding is not None else None
-            if bias is not None:
+            if encoding is not None and context.score_mask is not None:
+                attention_mask = context.score_mask.to(query.dtype)  # bias shared by the stack's layers
+            elif encoding is not None and (bias := encoding.score_bias(self.layer_idx, context)) is not None:
                 attention_mask = additive_mask(attention_mask, bias.to(query.dtype), context, self.is_causal)
             if output_attentions:
                 attention_function = eager_attention

@@ -13,7 +13,7 @@ Positions never get guessed inside a module: the model computes them once per fo
 mask in the encoder, from the cache length in the decoder) and hands them down in a :class:`PositionContext`.
 """
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 
 import torch
 from torch import nn
@@ -77,6 +77,10 @@ class PositionContext:
     key_positions: torch.Tensor  # (B|1, k): absolute position of each key, cached ones included
     query_span: tuple[int, int] | None = None  # (smallest, largest) query position
     key_span: tuple[int, int] | None = None  # (smallest, largest) key position
+    # The stack's self-attention mask with a bias shared by all its layers folded in (`stack_score_mask`),
+    # made once per forward by the stack and set by each layer (`with_score_mask`); None when the encoding's
+    # bias is per layer or absent.
+    score_mask: torch.Tensor | None = field(default=None, repr=False)
 
     def __post_init__(self):
         if self.query_span is None:
@@ -104,6 +108,9 @@ class PositionEncoding(nn.Module):
     #: Set to True by encodings whose attention cannot be expressed as a bias on the scores (Shaw's value
     #: term): content attention then calls `attend` instead of the SDPA/eager kernel.
     has_custom_attention = False
+    #: Set to True by encodings whose `score_bias` is the same in every layer of the stack (T5, ALiBi): the
+    #: stack then computes it once per forward, merged with its mask (`stack_score_mask`).
+    score_bias_shared_by_layers = False
 
     def __init__(self, config, stack: str):
         super().__init__()
@@ -149,7 +156,8 @@ class PositionEncoding(nn.Module):
         return value
 
     def score_bias(self, layer_idx: int, context: PositionContext) -> torch.Tensor | None:
-        """Additive bias on the scaled attention scores, (B|1, H, q, k), or None."""
+        """Additive bias on the scaled attention scores, (B|1, H, q, k), or None (any `layer_idx` when
+        `score_bias_shared_by_layers`)."""
         return None
 
     def attend(
@@ -237,6 +245,29 @@ def additive_mask(
     if attention_mask.dtype == torch.bool:
         return bias.masked_fill(~attention_mask, min_value)
     return bias + attention_mask.to(bias.dtype)
+
+
+def stack_score_mask(
+    encoding: PositionEncoding,
+    attention_mask: torch.Tensor | None,
+    context: PositionContext,
+    is_causal: bool,
+) -> torch.Tensor | None:
+    """A stack's self-attention mask with its encoding's bias folded in, when that bias is the same in every
+    layer (T5 computes it once per stack), else None.
+
+    The stack calls this once per forward, before its layers: the gather of the bias, its gradient and the
+    merge with the padding mask are paid once instead of once per layer. The layers take it as a tensor
+    argument (`with_score_mask`), so activation checkpoints, reentrant ones included, route its gradient.
+    """
+    if not encoding.score_bias_shared_by_layers:
+        return None
+    return additive_mask(attention_mask, encoding.score_bias(0, context), context, is_causal)
+
+
+def with_score_mask(context: PositionContext, score_mask: torch.Tensor | None) -> PositionContext:
+    """The context a layer hands its self-attention mixer: the stack's context with its score mask."""
+    return context if score_mask is None else replace(context, score_mask=score_mask)
 
 
 class PosEncCache(EncoderDecoderCache):

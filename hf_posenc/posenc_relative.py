@@ -66,16 +66,20 @@ class ClippedDistances:
     decoding), so r_ij = clip(j - (k - q) - i, -k_max, k_max) in index space. For real tokens this is the
     distance of their positions (`positions_from_padding_mask`): padding sits on one side of a sequence and
     shifts both ends of a pair alike. Pairs involving padding differ, but padded keys are masked and padded
-    queries' outputs are never read by a real token.
+    queries' outputs are never read by a real token. In causal attention the keys after a query are masked, so
+    their weights and score gradients are 0 and the +k_max end is not summed (`causal`).
     """
 
     index: torch.Tensor  # (1, 1, q, k) long: the table row r_ij + k_max of each pair
     interior_keys: torch.Tensor  # (q, 2k_max - 1) long: the key at each distance -k_max+1..k_max-1 (clamped)
     interior_valid: torch.Tensor  # (q, 2k_max - 1) bool: whether that key exists
     far_keys: torch.Tensor  # (2, q, k) 0/1: the keys clipped to -k_max (row 0) and to +k_max (row 1)
+    causal: bool  # keys after the query are masked: row 1 of `far_keys` is not used
 
     @classmethod
-    def of_grid(cls, queries: int, keys: int, max_distance: int, device, dtype) -> "ClippedDistances":
+    def of_grid(
+        cls, queries: int, keys: int, max_distance: int, device, dtype, causal: bool = False
+    ) -> "ClippedDistances":
         rows = torch.arange(queries, device=device)[:, None]
         distance = torch.arange(keys, device=device)[None] - (keys - queries) - rows  # (q, k)
         interior = rows + (keys - queries) + torch.arange(1 - max_distance, max_distance, device=device)
@@ -84,6 +88,7 @@ class ClippedDistances:
             interior_keys=interior.clamp(0, keys - 1),
             interior_valid=(interior >= 0) & (interior < keys),
             far_keys=torch.stack([distance <= -max_distance, distance >= max_distance]).to(dtype),
+            causal=causal,
         )
 
     def sum_per_distance(self, weights: torch.Tensor) -> torch.Tensor:
@@ -98,7 +103,8 @@ class ClippedDistances:
         interior.masked_fill_(~self.interior_valid, 0)  # (B, H, q, 2k_max - 1)
         far = self.far_keys.to(weights.dtype)  # (2, q, k); built in the weights' dtype, so no copy
         nearest = torch.linalg.vecdot(weights, far[0])  # (B, H, q): keys at distance <= -k_max
-        farthest = torch.linalg.vecdot(weights, far[1])  # keys at distance >= k_max
+        # keys at distance >= k_max: none unmasked in causal attention
+        farthest = torch.zeros_like(nearest) if self.causal else torch.linalg.vecdot(weights, far[1])
         return torch.cat([nearest[..., None], interior, farthest[..., None]], dim=-1)
 
 
@@ -137,7 +143,7 @@ class ShawAttentionFunction(torch.autograd.Function):
             distances.sum_per_distance(weights), value_table
         )  # Eq. 3
         ctx.save_for_backward(query, key, value, key_table, value_table, mask, keep)
-        ctx.scaling, ctx.dropout = scaling, dropout
+        ctx.scaling, ctx.dropout, ctx.causal = scaling, dropout, distances.causal
         ctx.mark_non_differentiable(weights)
         return output, weights
 
@@ -146,7 +152,7 @@ class ShawAttentionFunction(torch.autograd.Function):
     def backward(ctx, grad_output, _grad_weights):
         query, key, value, key_table, value_table, mask, keep = ctx.saved_tensors
         distances = ClippedDistances.of_grid(
-            query.shape[2], key.shape[2], key_table.shape[0] // 2, query.device, query.dtype
+            query.shape[2], key.shape[2], key_table.shape[0] // 2, query.device, query.dtype, ctx.causal
         )  # rebuilt, not saved: a few passes over one (q, k) grid
         index = distances.index.expand(*query.shape[:3], key.shape[2])  # (B, H, q, k)
         weights = torch.softmax(shaw_scores(query, key, key_table, index, mask, ctx.scaling), dim=-1)
@@ -189,9 +195,10 @@ def relative_plus_product(rows, columns, table, index) -> torch.Tensor:
 
 
 def shaw_scores(query, key, key_table, index, mask, scaling) -> torch.Tensor:
-    """Eq. 4 with the mask applied: (q_i k_j^T + q_i w^K[r_ij]^T) * scaling, (B, H, q, k), at least float32."""
-    scores = relative_plus_product(query, key, key_table, index)  # (B, H, q, k)
-    scores = scores.to(torch.promote_types(scores.dtype, torch.float32)).mul_(scaling)
+    """Eq. 4 with the mask applied: (q_i k_j^T + q_i w^K[r_ij]^T) * scaling, (B, H, q, k), at least float32.
+    The scaling multiplies the (B, H, q, Dh) queries, not the map."""
+    scores = relative_plus_product(query * scaling, key, key_table, index)  # (B, H, q, k)
+    scores = scores.to(torch.promote_types(scores.dtype, torch.float32))
     if mask is None:
         return scores
     if mask.dtype == torch.bool:
@@ -251,7 +258,7 @@ class ShawRelativePositionEncoding(PositionEncoding):
         value_table = self.value_tables[module.layer_idx].to(query.dtype)  # (2k+1, Dh)
         batch, heads, length, _ = query.shape
         distances = ClippedDistances.of_grid(
-            length, key.shape[2], self.max_relative_position, query.device, query.dtype
+            length, key.shape[2], self.max_relative_position, query.device, query.dtype, module.is_causal
         )
         rows = max(1, SHAW_SCORES_PER_SLICE // (heads * length * key.shape[2]))
         outputs, weights = [], []
@@ -312,10 +319,12 @@ class T5BiasPositionEncoding(PositionEncoding):
 
     One (num_buckets, H) table per stack, shared by all its layers as in T5; bidirectional buckets in the
     encoder, causal ones in the decoder. Deviation: T5 does not scale q.k by 1/sqrt(d_h); Marian does, and
-    the bias is added after that scaling (the softmax sees content/sqrt(d_h) + bias). The bias is looked up
-    in every layer from the shared table, which keeps it correct under gradient checkpointing: buckets for the
-    at most q + k - 1 distinct distances, then one gather to (H, q, k).
+    the bias is added after that scaling (the softmax sees content/sqrt(d_h) + bias). As in T5 the bias is
+    computed once per stack forward and shared by the layers (`stack_score_mask`): buckets for the at most
+    q + k - 1 distinct distances, then one gather to (B|1, H, q, k).
     """
+
+    score_bias_shared_by_layers = True
 
     def __init__(self, config, stack):
         super().__init__(config, stack)
@@ -453,8 +462,11 @@ class AlibiPositionEncoding(PositionEncoding):
 
     The decoder uses the paper's causal form, -m_h (i - j) for j <= i. The encoder uses the symmetric
     -m_h |i - j|: the paper only tested causal language models, so this bidirectional form is our extension
-    (it is the natural one, and the one BLOOM-style encoders use).
+    (it is the natural one, and the one BLOOM-style encoders use). The bias is the same in every layer, so
+    the stack computes it once per forward (`stack_score_mask`).
     """
+
+    score_bias_shared_by_layers = True
 
     def __init__(self, config, stack):
         super().__init__(config, stack)

@@ -11,6 +11,7 @@ import torch
 from conftest import source_batch, target_batch, tiny_model
 from transformers.models.t5.modeling_t5 import T5Attention
 
+import hf_posenc.modeling_marian_posenc
 from hf_posenc import PositionContext
 from hf_posenc.posenc_relative import alibi_slopes, t5_relative_bucket
 
@@ -174,6 +175,51 @@ def test_t5_bias_is_the_stack_table_at_transformers_buckets(stack, past):
                 torch.testing.assert_close(biases[0][b, :, i, j], table[bucket].detach())
 
 
+@pytest.mark.parametrize("encoding_name", ["t5_bias", "alibi"])
+def test_a_bias_shared_by_layers_is_computed_once_per_stack_forward(encoding_name, monkeypatch):
+    """T5 (as in T5) and ALiBi compute their bias once per stack forward, not once per layer, and the model's
+    output is the one of the per-layer path (the stack's mask unset)."""
+    model = tiny_model(position_encoding=encoding_name)
+    src, mask = source_batch()
+    calls = []
+    for stack in (model.model.encoder, model.model.decoder):
+        encoding = stack.position_encoding
+        monkeypatch.setattr(
+            encoding,
+            "score_bias",
+            lambda layer, context, f=encoding.score_bias: calls.append(layer) or f(layer, context),
+        )
+    with torch.no_grad():
+        shared = model(input_ids=src, attention_mask=mask, decoder_input_ids=target_batch()).logits
+        assert len(calls) == 2  # one per stack, for 2 + 2 layers
+        monkeypatch.setattr(
+            hf_posenc.modeling_marian_posenc, "stack_score_mask", lambda *args, **kwargs: None
+        )
+        per_layer = model(input_ids=src, attention_mask=mask, decoder_input_ids=target_batch()).logits
+    assert len(calls) == 2 + 4
+    torch.testing.assert_close(shared, per_layer)
+
+
+@pytest.mark.parametrize("use_reentrant", [False, True])
+@pytest.mark.parametrize("encoding_name", ["t5_bias", "adaptive_t5"])
+def test_bias_gradients_are_the_same_under_activation_checkpointing(encoding_name, use_reentrant):
+    """The bias made once by the stack is an input of the checkpointed layers: its table gets the same
+    gradient with checkpointing (either kind) as without."""
+    src, mask = source_batch()
+    gradients = []
+    for checkpointing in (False, True):
+        model = tiny_model(position_encoding=encoding_name, dropout=0.0, attention_dropout=0.0).train()
+        if checkpointing:
+            model.activation_checkpointing_enable({"use_reentrant": use_reentrant})
+        model(input_ids=src, attention_mask=mask, labels=target_batch()).loss.backward()
+        gradients.append(
+            {name: p.grad for name, p in model.named_parameters() if "position_encoding" in name}
+        )
+    assert gradients[0] and all(gradient is not None for gradient in gradients[1].values())
+    for name, gradient in gradients[0].items():
+        torch.testing.assert_close(gradients[1][name], gradient, msg=name)
+
+
 def test_t5_bias_attention_equals_the_loop_with_padding():
     """The bias folded into SDPA's mask gives softmax(q.k / sqrt(d) + b_h[bucket(j - i)]) over real keys."""
     model = tiny_model(
@@ -325,11 +371,12 @@ def direct_shaw_attention(query, key, value, key_table, value_table, index, mask
     return (weights[..., None] * (value[:, :, None] + relative_values)).sum(3), weights  # Eq. 3
 
 
+@pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("dropout", [0.0, 0.3])
-def test_shaw_recomputing_backward_equals_autograd_through_the_equations(dropout):
+def test_shaw_recomputing_backward_equals_autograd_through_the_equations(dropout, causal):
     """The hand-written backward of ShawAttentionFunction (weights recomputed, not saved) gives the same
-    gradients for queries, keys, values and both tables as autograd through Eq. 3-5, with padding and
-    attention dropout (the keep-mask is replayed from the same seed)."""
+    gradients for queries, keys, values and both tables as autograd through Eq. 3-5, with padding (or
+    causality) and attention dropout (the keep-mask is replayed from the same seed)."""
     from hf_posenc.posenc_relative import ClippedDistances, ShawAttentionFunction
 
     generator = torch.Generator().manual_seed(0)
@@ -343,11 +390,13 @@ def test_shaw_recomputing_backward_equals_autograd_through_the_equations(dropout
     positions = torch.arange(length)
     index = ((positions[None] - positions[:, None]).clamp(-clip, clip) + clip)[None, None]  # (1, 1, q, k)
     mask = (torch.arange(length)[None] < torch.tensor([[6], [4]]))[:, None, None]  # (B, 1, 1, k)
+    if causal:
+        mask = (positions[None] <= positions[:, None])[None, None]  # (1, 1, q, k)
     inputs = (query, key, value, key_table, value_table)
     upstream = torch.randn(batch, heads, length, head_dim, generator=generator, dtype=torch.float64)
 
     torch.manual_seed(1)
-    distances = ClippedDistances.of_grid(length, length, clip, "cpu", torch.float64)
+    distances = ClippedDistances.of_grid(length, length, clip, "cpu", torch.float64, causal)
     torch.testing.assert_close(distances.index, index, atol=0, rtol=0)
     output, weights = ShawAttentionFunction.apply(*inputs, distances, mask, 0.5, dropout)
     actual = torch.autograd.grad(output, inputs, upstream)
@@ -388,17 +437,21 @@ def test_shaw_in_batch_slices_equals_the_whole_batch(monkeypatch):
         torch.testing.assert_close(got, want)
 
 
+@pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize(
     ("queries", "keys", "clip"), [(7, 7, 2), (1, 9, 3), (3, 8, 2), (5, 5, 16), (1, 1, 2)]
 )
-def test_clipped_distances_of_a_grid_and_their_sums(queries, keys, clip):
+def test_clipped_distances_of_a_grid_and_their_sums(queries, keys, clip, causal):
     """Shaw's kernel indexes (i, j) by clip(j - i - (k - q)) (queries are the last q keys: the full forward and
     decoding steps), and its per-distance sums (gathered interior distances, masked sums of the clipped
-    ends) equal summing the weights of every key into its distance, also for distances no key reaches."""
+    ends) equal summing the weights of every key into its distance, also for distances no key reaches.
+    Causal grids get weights that are 0 after each query, as causal attention's are."""
     from hf_posenc.posenc_relative import ClippedDistances
 
-    distances = ClippedDistances.of_grid(queries, keys, clip, "cpu", torch.float64)
+    distances = ClippedDistances.of_grid(queries, keys, clip, "cpu", torch.float64, causal)
     weights = torch.randn(2, 3, queries, keys, dtype=torch.float64)
+    if causal:
+        weights = weights.tril(keys - queries)  # key j visible to query i iff j <= i + (k - q)
     expected = torch.zeros(2, 3, queries, 2 * clip + 1, dtype=torch.float64)
     for i in range(queries):
         for j in range(keys):
