@@ -152,6 +152,35 @@ def test_loss_backward_gives_finite_gradients_to_every_parameter(overrides):
             )
 
 
+@pytest.mark.parametrize("use_reentrant", [False, True], ids=["checkpoint", "reentrant-checkpoint"])
+@parametrize_variants
+def test_activation_checkpointing_gives_the_same_loss_and_gradients(overrides, use_reentrant):
+    """`activation_checkpointing_enable` (layers recomputed in backward, transformers' default non-reentrant
+    kind and the reentrant one) changes neither the loss nor any gradient; dropout masks are replayed."""
+    src, mask = source_batch()
+    labels = target_batch()[:, 1:].clone()
+    results = []
+    for checkpointing in (False, True):
+        model = tiny_model(**overrides).train()
+        if checkpointing:
+            model.activation_checkpointing_enable({"use_reentrant": use_reentrant})
+        torch.manual_seed(0)
+        loss = model(input_ids=src, attention_mask=mask, labels=labels).loss
+        loss.backward()
+        results.append((loss, dict(model.named_parameters())))
+    (loss, parameters), (checkpointed_loss, checkpointed) = results
+    torch.testing.assert_close(checkpointed_loss, loss)
+    for name, parameter in parameters.items():
+        if parameter.grad is None:
+            assert checkpointed[name].grad is None, name
+        else:
+            # recomputation may sum in another order: tolerance relative to the gradient's scale
+            scale = max(float(parameter.grad.abs().max()), 1.0)
+            torch.testing.assert_close(
+                checkpointed[name].grad, parameter.grad, atol=1e-6 * scale, rtol=1e-4, msg=name
+            )
+
+
 @parametrize_variants
 def test_padding_a_row_does_not_change_its_logits(overrides):
     model = tiny_model(**overrides)
