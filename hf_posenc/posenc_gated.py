@@ -26,6 +26,8 @@ table of its own (L_max × D per stack before folding, nothing after), so the mi
 the input position encoding. The reference pre-norm layers are Marian's post-norm layers here.
 """
 
+import contextlib
+
 import torch
 from torch import nn
 from transformers import initialization as init
@@ -267,7 +269,13 @@ class APosNetAttention(PositionAttention):
         key = tensors_state(*weights)
         cached = getattr(self, "cached_position_keys", None)
         if cached is None or cached[0] != key:
-            with torch.no_grad(), torch.autocast(self.k_proj.weight.device.type, enabled=False):
+            device_type = self.k_proj.weight.device.type
+            full_precision = (  # the kept keys do not depend on an autocast region; meta has no autocast
+                torch.autocast(device_type, enabled=False)
+                if torch.amp.is_autocast_available(device_type)
+                else contextlib.nullcontext()
+            )
+            with torch.no_grad(), full_precision:
                 cached = (key, self.k_proj(self.position_vectors.to(self.k_proj.weight.dtype)))  # (N, D)
             self.cached_position_keys = cached
         return cached[1][positions]

@@ -4,7 +4,13 @@ import json
 import subprocess
 import sys
 
+import pytest
 from conftest import REPO
+
+from hf_posenc.benchmarking import MARIAN_FIELDS, MODEL_SIZES, count_parameters
+
+sys.path.insert(0, str(REPO / "benchmarks"))
+from run import select_systems  # noqa: E402
 
 
 def test_benchmark_command_writes_tables_and_plots_for_every_system(tmp_path):
@@ -50,3 +56,10 @@ def test_benchmark_command_writes_tables_and_plots_for_every_system(tmp_path):
     for plot in ("benchmarks_throughput.png", "benchmarks_decode.png"):
         png = (tmp_path / plot).read_bytes()
         assert png.startswith(b"\x89PNG") and b"systems: marian, shaw, rposnet_precomputed" in png
+
+
+@pytest.mark.parametrize("system", select_systems(None), ids=lambda system: system.name)
+def test_every_benchmarked_system_builds_on_the_meta_device(system):
+    """`make bench` counts every system's parameters on the meta device first (folded systems included)."""
+    fields = dict(MODEL_SIZES["small"], **MARIAN_FIELDS, max_position_embeddings=512)
+    assert count_parameters(fields, system.overrides, system.precomputed) > 0
