@@ -73,8 +73,8 @@ class ClippedDistances:
     index: torch.Tensor  # (1, 1, q, k) long: the table row r_ij + k_max of each pair
     interior_keys: torch.Tensor  # (q, 2k_max - 1) long: the key at each distance -k_max+1..k_max-1 (clamped)
     interior_valid: torch.Tensor  # (q, 2k_max - 1) bool: whether that key exists
-    far_keys: torch.Tensor  # (2, q, k) 0/1: the keys clipped to -k_max (row 0) and to +k_max (row 1)
-    causal: bool  # keys after the query are masked: row 1 of `far_keys` is not used
+    far_keys: torch.Tensor  # (2 | 1, q, k) 0/1: the keys clipped to -k_max (row 0) and to +k_max (row 1)
+    causal: bool  # keys after the query are masked: no +k_max row in `far_keys`
 
     @classmethod
     def of_grid(
@@ -83,11 +83,12 @@ class ClippedDistances:
         rows = torch.arange(queries, device=device)[:, None]
         distance = torch.arange(keys, device=device)[None] - (keys - queries) - rows  # (q, k)
         interior = rows + (keys - queries) + torch.arange(1 - max_distance, max_distance, device=device)
+        far_ends = [distance <= -max_distance] + ([] if causal else [distance >= max_distance])
         return cls(
             index=(distance.clamp(-max_distance, max_distance) + max_distance)[None, None],
             interior_keys=interior.clamp(0, keys - 1),
             interior_valid=(interior >= 0) & (interior < keys),
-            far_keys=torch.stack([distance <= -max_distance, distance >= max_distance]).to(dtype),
+            far_keys=torch.stack(far_ends).to(dtype),
             causal=causal,
         )
 
@@ -101,7 +102,7 @@ class ClippedDistances:
         lead = weights.shape[:3]
         interior = weights.gather(-1, self.interior_keys.expand(*lead, -1))
         interior.masked_fill_(~self.interior_valid, 0)  # (B, H, q, 2k_max - 1)
-        far = self.far_keys.to(weights.dtype)  # (2, q, k); built in the weights' dtype, so no copy
+        far = self.far_keys.to(weights.dtype)  # (2 | 1, q, k); built in the weights' dtype, so no copy
         nearest = torch.linalg.vecdot(weights, far[0])  # (B, H, q): keys at distance <= -k_max
         # keys at distance >= k_max: none unmasked in causal attention
         farthest = torch.zeros_like(nearest) if self.causal else torch.linalg.vecdot(weights, far[1])
