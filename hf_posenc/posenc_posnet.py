@@ -28,6 +28,7 @@ import math
 
 import torch
 from torch import nn
+from torch.autograd.function import once_differentiable
 from transformers import initialization as init
 from transformers.activations import ACT2FN
 
@@ -38,19 +39,21 @@ def position_kernel_product(
     inputs: torch.Tensor, kernels: torch.Tensor, positions: torch.Tensor, span=None
 ) -> torch.Tensor:
     """x_t φ_{p_t} for every token t (Eq. 16): inputs (B, L, G, d), kernels (L_max, K, d, d), positions (B|1, L),
-    `span` their (smallest, largest) value when the caller knows it (see `kernels_at`).
+    `span` their (smallest, largest) value when the caller knows it (see `first_of_consecutive`).
 
     K is 1 (one kernel for all G groups, e.g. heads) or G (a kernel per group). The product runs as one batched
-    matmul over positions with the batch folded into the rows, so the gathered kernels take L·K·d² memory and
-    not B·L·K·d²; the looked-up kernels are cast to the inputs' dtype. Rows whose positions differ from the batch's shared ones (padding, which gets clamped
-    positions) are recomputed token by token, which keeps every token exact.
+    matmul over positions with the batch folded into the rows, so the kernels are read once per position and
+    not once per token; it computes in the inputs' dtype. Rows whose positions differ from the batch's shared
+    ones (padding, which gets clamped positions) are recomputed token by token, which keeps every token exact.
     """
     batch, length, groups, dim = inputs.shape
     shared_positions = positions.amax(0)  # (L,): the positions of the longest rows
     rows = inputs.permute(1, 2, 0, 3).reshape(length, kernels.shape[1], -1, dim)  # (L, K, G·B/K, d)
-    output = torch.matmul(
-        rows, kernels_at(kernels, shared_positions, span).to(inputs.dtype)
-    )  # (L, K, G·B/K, d)
+    first = first_of_consecutive(shared_positions, span)
+    if first is None:
+        output = torch.matmul(rows, kernels[shared_positions].to(inputs.dtype))
+    else:
+        output = KernelRangeProduct.apply(rows, kernels, first)  # (L, K, G·B/K, d)
     output = output.reshape(length, groups, batch, dim).permute(2, 0, 1, 3)  # (B, L, G, d)
     if positions.shape[0] > 1:
         differs = positions != shared_positions  # (B, L)
@@ -62,10 +65,9 @@ def position_kernel_product(
     return output
 
 
-def kernels_at(kernels: torch.Tensor, positions: torch.Tensor, span=None) -> torch.Tensor:
-    """kernels[positions] for positions (L,): a slice (a view, no copy) when they are consecutive, as they are
-    for unpadded and right-padded batches and for decoding steps; else a gather. The slice also keeps the
-    backward a dense copy into the gradient, where a gather's backward is a scatter-add over L_max.
+def first_of_consecutive(positions: torch.Tensor, span=None) -> int | None:
+    """The first of positions (L,) when they are consecutive (first, first + 1, ...), as they are for unpadded
+    and right-padded batches and for decoding steps; else None (the kernels are then gathered).
 
     With the positions' `span` (smallest, largest), as the model passes it, the test needs no read-back of the
     positions (a device sync per decoding step on a GPU): the model's positions start every row at the span's
@@ -73,13 +75,51 @@ def kernels_at(kernels: torch.Tensor, positions: torch.Tensor, span=None) -> tor
     positions spanning L values are consecutive. Without a span the positions are compared with a range."""
     if span is not None:
         first, last = span
-        if last - first + 1 == positions.shape[0]:
-            return kernels[first : last + 1]
-        return kernels[positions]
+        return first if last - first + 1 == positions.shape[0] else None
     first = int(positions[0]) if positions.numel() else 0
     if torch.equal(positions, torch.arange(first, first + positions.shape[0], device=positions.device)):
-        return kernels[first : first + positions.shape[0]]
-    return kernels[positions]
+        return first
+    return None
+
+
+class KernelRangeProduct(torch.autograd.Function):
+    """rows (L, K, N, d) @ kernels[first : first + L] (L_max, K, d, d), with a lean backward for the kernels.
+
+    Through autograd, the kernels' gradient would be made twice: the product's backward writes an L-row
+    gradient, then the slice's backward zero-fills a whole-table one and copies it in. Here backward zero-fills
+    the rows outside the range and writes the product's gradient straight into the table-sized tensor, one
+    L_max × K × d × d allocation instead of two. (On the CPU each fresh allocation that size is paid in page
+    faults: 14 ms per 32 MiB table, more than computing the gradient.) The product computes in the rows'
+    dtype, as the plain matmul after the lookup did; the kernels' gradient is in the table's dtype.
+    """
+
+    @staticmethod
+    def forward(ctx, rows, kernels, first: int):
+        output = torch.matmul(rows, kernels[first : first + rows.shape[0]].to(rows.dtype))
+        ctx.save_for_backward(rows, kernels)
+        ctx.first, ctx.compute_dtype = first, output.dtype  # autocast may have lowered it
+        return output
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad_output):
+        rows, kernels = ctx.saved_tensors
+        first, last, dtype = ctx.first, ctx.first + rows.shape[0], ctx.compute_dtype
+        grad_output = grad_output.to(dtype)
+        grad_rows = grad_kernels = None
+        if ctx.needs_input_grad[0]:
+            used_kernels = kernels[first:last].to(dtype)
+            grad_rows = torch.matmul(grad_output, used_kernels.transpose(-1, -2)).to(rows.dtype)
+        if ctx.needs_input_grad[1]:
+            grad_kernels = torch.empty_like(kernels, memory_format=torch.contiguous_format)
+            grad_kernels[:first].zero_()
+            grad_kernels[last:].zero_()
+            used_grad = grad_kernels[first:last]
+            if dtype == kernels.dtype:
+                torch.matmul(rows.transpose(-1, -2), grad_output, out=used_grad)
+            else:
+                used_grad.copy_(torch.matmul(rows.to(dtype).transpose(-1, -2), grad_output))
+        return grad_rows, grad_kernels, None
 
 
 def kernel_std(num_positions: int, dim: int) -> float:
@@ -183,7 +223,7 @@ class ReluKernelResidual(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, value, kernels, positions, dropout: float, training: bool, span=None):
-        # value (B, H, k, d_k), kernels (L_max, K, d_k, d_k), positions (B|1, k), span as in `kernels_at`
+        # value (B, H, k, d_k), kernels (L_max, K, d_k, d_k), positions (B|1, k), span as in `first_of_consecutive`
         with torch.autocast(value.device.type, enabled=False):
             pre_activation = kernel_product_of_values(value, kernels, positions, span)  # (B, H, k, d_k)
         mask = pre_activation > 0

@@ -8,9 +8,10 @@ from conftest import PAD, source_batch, target_batch, tiny_config, tiny_model
 from hf_posenc import MarianPosEncForConditionalGeneration
 from hf_posenc.posenc_base import PositionContext, positions_from_padding_mask
 from hf_posenc.posenc_posnet import (
+    KernelRangeProduct,
     ReluKernelResidual,
+    first_of_consecutive,
     kernel_product_of_values,
-    kernels_at,
     position_kernel_product,
 )
 
@@ -86,19 +87,53 @@ def test_posnet_embed_matches_equation_24_with_positions_from_each_sequence_star
 
 
 @pytest.mark.parametrize("positions", [[3, 4, 5, 6], [0, 1, 1, 2], [5, 2, 7, 0]])
-def test_kernels_at_consecutive_positions_is_a_view_and_equals_the_gather(positions):
-    """The fast path of the kernel lookup (a slice for consecutive positions) returns exactly kernels[positions],
-    shares the parameter's memory only when the positions are consecutive, and passes gradients to those rows."""
-    kernels = torch.randn(8, 1, 3, 3, requires_grad=True)
-    positions = torch.tensor(positions)
-    looked_up = kernels_at(kernels, positions)
-    torch.testing.assert_close(looked_up, kernels[positions], atol=0, rtol=0)
-    consecutive = positions.tolist() == list(range(int(positions[0]), int(positions[0]) + 4))
-    shares_memory = looked_up.untyped_storage().data_ptr() == kernels.untyped_storage().data_ptr()
-    assert shares_memory == consecutive
-    looked_up.sum().backward()
-    expected = torch.zeros(8).index_add_(0, positions, torch.ones(4))
-    torch.testing.assert_close(kernels.grad.sum((1, 2, 3)), expected * 9)
+def test_kernel_product_of_consecutive_positions_equals_the_gather_with_its_gradients(positions):
+    """The fast path of the kernel product (a range of the table, for consecutive positions) is taken exactly
+    when the positions are consecutive, and its output and gradients (inputs and the whole table) equal the
+    product with gathered kernels."""
+    generator = torch.Generator().manual_seed(0)
+    inputs = torch.randn(2, 4, 1, 3, generator=generator, requires_grad=True)
+    kernels = torch.randn(8, 1, 3, 3, generator=generator, requires_grad=True)
+    positions = torch.tensor(positions)[None]
+    consecutive = positions[0].tolist() == list(range(int(positions[0, 0]), int(positions[0, 0]) + 4))
+    assert (first_of_consecutive(positions[0]) is not None) == consecutive
+    upstream = torch.randn(2, 4, 1, 3, generator=generator)
+    output = position_kernel_product(inputs, kernels, positions)
+    grads = torch.autograd.grad(output, (inputs, kernels), upstream)
+    expected = (inputs.unsqueeze(-2) @ kernels[positions[0]].unsqueeze(0)).squeeze(-2)
+    expected_grads = torch.autograd.grad(expected, (inputs, kernels), upstream)
+    torch.testing.assert_close(output, expected)
+    for grad, expected_grad in zip(grads, expected_grads, strict=True):
+        torch.testing.assert_close(grad, expected_grad)
+
+
+@pytest.mark.parametrize("first", [0, 2, 4])
+def test_kernel_range_product_gradients_match_finite_differences(first):
+    """KernelRangeProduct's own backward (the kernels' gradient written into a table-sized tensor, zero outside
+    the range) against float64 finite differences, for ranges at the start, middle and end of the table."""
+    generator = torch.Generator().manual_seed(1)
+    rows = torch.randn(4, 2, 3, 5, generator=generator, dtype=torch.float64, requires_grad=True)
+    kernels = torch.randn(8, 2, 5, 5, generator=generator, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(lambda r, k: KernelRangeProduct.apply(r, k, first), (rows, kernels))
+
+
+def test_kernel_range_product_under_bf16_autocast_matches_the_plain_product():
+    """Under autocast the product computes in bfloat16 like the plain matmul did, and the gradients come back in
+    the inputs' and the table's float32 dtypes, equal to the plain product's."""
+    generator = torch.Generator().manual_seed(2)
+    rows = torch.randn(4, 1, 3, 8, generator=generator, requires_grad=True)
+    kernels = torch.randn(6, 1, 8, 8, generator=generator, requires_grad=True)
+    upstream = torch.randn(4, 1, 3, 8, generator=generator)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        output = KernelRangeProduct.apply(rows, kernels, 1)
+        expected = torch.matmul(rows, kernels[1:5])
+    assert output.dtype == expected.dtype == torch.bfloat16
+    torch.testing.assert_close(output, expected, atol=0, rtol=0)
+    grads = torch.autograd.grad(output, (rows, kernels), upstream)
+    expected_grads = torch.autograd.grad(expected, (rows, kernels), upstream)
+    for grad, expected_grad in zip(grads, expected_grads, strict=True):
+        assert grad.dtype == torch.float32
+        torch.testing.assert_close(grad, expected_grad, atol=1e-2, rtol=1e-2)
 
 
 @pytest.mark.parametrize("per_head", [False, True])
@@ -339,19 +374,22 @@ def test_bad_posnet_hyperparameters_fail_at_config_time(overrides, message):
     ],
     ids=["unpadded", "right-padded", "left-and-right", "no-full-row"],
 )
-def test_kernels_at_with_the_span_equals_the_gather_for_the_models_positions(mask):
-    """Given the span the model passes (no read-back of the positions), the lookup of the batch's shared
-    positions equals the gather for every padding layout the model produces, and slices only when they are
-    consecutive; decoding-step positions (a range from the cache length) slice."""
-    kernels = torch.randn(8, 1, 3, 3)
+def test_consecutive_test_with_the_span_agrees_with_the_positions(mask):
+    """Given the span the model passes (no read-back of the positions), the batch's shared positions are found
+    consecutive exactly when they are, for every padding layout the model produces, and the kernel product
+    with the span equals the one that reads the positions; decoding-step positions (a range from the cache
+    length) take the range."""
     positions = positions_from_padding_mask(torch.tensor(mask), 4, "cpu")
     shared = positions.amax(0)
     span = (int(positions.min()), int(positions.max()))
-    looked_up = kernels_at(kernels, shared, span)
-    torch.testing.assert_close(looked_up, kernels[shared], atol=0, rtol=0)
     consecutive = shared.tolist() == list(range(int(shared[0]), int(shared[0]) + 4))
-    assert (looked_up.untyped_storage().data_ptr() == kernels.untyped_storage().data_ptr()) == consecutive
-    step = torch.arange(5, 6)
-    assert (
-        kernels_at(kernels, step, (5, 5)).untyped_storage().data_ptr() == kernels.untyped_storage().data_ptr()
+    assert first_of_consecutive(shared, span) == (int(shared[0]) if consecutive else None)
+    assert first_of_consecutive(shared, span) == first_of_consecutive(shared)
+    inputs, kernels = torch.randn(len(mask), 4, 1, 3), torch.randn(8, 1, 3, 3)
+    torch.testing.assert_close(
+        position_kernel_product(inputs, kernels, positions, span),
+        position_kernel_product(inputs, kernels, positions),
+        atol=0,
+        rtol=0,
     )
+    assert first_of_consecutive(torch.arange(5, 6), (5, 5)) == 5
