@@ -88,6 +88,9 @@ def main():
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--bf16", action="store_true", help="bf16 autocast")
     parser.add_argument(
+        "--max_positions", type=int, help="max_position_embeddings (default: 1024 or the longest length)"
+    )
+    parser.add_argument(
         "--memory_breakdown",
         action="store_true",
         help="time nothing; print activations vs parameter memory (CPU, fp32, deterministic)",
@@ -99,7 +102,7 @@ def main():
     base = dict(
         MODEL_SIZES[args.config],
         **MARIAN_FIELDS,
-        max_position_embeddings=max(1024, max(args.lengths)),
+        max_position_embeddings=args.max_positions or max(1024, max(args.lengths)),
         dropout=0.1,
     )
     if args.memory_breakdown:
@@ -119,7 +122,8 @@ def main():
     )
     print(
         f"<!-- {platform.processor() or platform.machine()}, {args.threads} threads, torch {torch.__version__}, "
-        f"transformers {transformers.__version__}, config {args.config}, {args.tokens_per_batch} tokens/batch -->"
+        f"transformers {transformers.__version__}, config {args.config}, {args.tokens_per_batch} tokens/batch, "
+        f"L_max {base['max_position_embeddings']} -->"
     )
     print(ratio_table(results, args.baseline))
 
