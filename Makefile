@@ -50,4 +50,4 @@ lint: install
 ## Speed, memory and decoding cost of every registered module vs stock MarianMTModel, as ratios in one process:
 ## writes docs/benchmarks.md + docs/benchmarks_*.png (SYSTEMS="marian shaw ..." THREADS=1 ARGS="--device cuda --bf16")
 bench: install
-	$(PY) benchmarks/run.py --threads $(THREADS) $(if $(SYSTEMS),--systems $(SYSTEMS)) $(ARGS)
+	$(PY) -m benchmarks.run --threads $(THREADS) $(if $(SYSTEMS),--systems $(SYSTEMS)) $(ARGS)

@@ -1,19 +1,19 @@
 """Decoding throughput of pre-computed rPosNet vs content attention (paper 2 §7.1, Table 4), CPU.
 
-Both models use the same config (`MODEL_SIZES["small"]` of hf_posenc.benchmarking unless --base; vocabulary
+Both models use the same config (`MODEL_SIZES["small"]` of benchmarks.harness unless --base; vocabulary
 8000); rPosNet replaces encoder and decoder self-attention, folded with `precompute_position_attention()`.
 Every run generates exactly --new-tokens tokens (min = max), so tokens/s compare like with like; ratios are
 taken in one process, median of interleaved repeats. benchmarks/run.py measures the same for every registered
 module against stock MarianMTModel.
 
-    python benchmarks/gated_decode.py --threads 1
+    python -m benchmarks.gated_decode --threads 1
 """
 
 import argparse
 
 import torch
 
-from hf_posenc.benchmarking import (
+from benchmarks.harness import (
     MODEL_SIZES,
     build_model,
     generation_run,

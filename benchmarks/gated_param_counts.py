@@ -3,12 +3,12 @@
 Base config of paper 2 §5.2 on En→De: d_model 512, 6+6 layers, 8 heads, FFN 2048, a shared 44k vocabulary
 (Table 1) with tied embeddings; position-based mixers replace encoder and decoder self-attention (FourierNet:
 encoder only), cross-attention stays content attention; L_max = 128 (what the paper's LinearNet count implies).
-Models are built on the meta device, so nothing is allocated. Usage: python benchmarks/gated_param_counts.py
+Models are built on the meta device, so nothing is allocated. Usage: python -m benchmarks.gated_param_counts
 """
 
 import argparse
 
-from hf_posenc.benchmarking import MODEL_SIZES, count_parameters, meta_model
+from benchmarks.harness import MODEL_SIZES, count_parameters, meta_model
 
 PAPER_TABLE_2 = {
     "Transformer": ("attention", "attention", 66.5),

@@ -1,7 +1,7 @@
 """Parameter counts of the paper-1 base model (d 512, 6+6 layers, 8 heads, FFN 2048, shared vocabulary) with the
 real model classes, compared with paper 1 Table 1 (En-De column, millions).
 
-    python benchmarks/posnet_parameter_counts.py --vocab_size 40000 --max_positions 1024
+    python -m benchmarks.posnet_parameter_counts --vocab_size 40000 --max_positions 1024
 
 Models are built on the meta device, so nothing is allocated. Also prints the vocabulary size implied by the
 paper's SAPE count and the L_max that reproduces the paper's PosNet counts with that vocabulary.
@@ -9,7 +9,7 @@ paper's SAPE count and the L_max that reproduces the paper's PosNet counts with 
 
 import argparse
 
-from hf_posenc.benchmarking import MODEL_SIZES, count_parameters
+from benchmarks.harness import MODEL_SIZES, count_parameters
 
 # Row label -> (config overrides, paper Table 1 count in millions). PosNet-Attn is listed per layer (our
 # default) and with one kernel table for all layers of both stacks (posnet_attn_share_layers, posnet_shared).

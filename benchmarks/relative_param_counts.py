@@ -1,6 +1,6 @@
 """Parameter counts of the relative position encodings in paper 1's Transformer base (Table 1).
 
-    python benchmarks/relative_param_counts.py
+    python -m benchmarks.relative_param_counts
 
 d_model 512, 6+6 layers, 8 heads, FFN 2048, one 40,000-token vocabulary shared by source, target and the
 output layer (paper 1, Sec. 5.1). Counts come from the real model classes; prints a markdown table.
@@ -8,7 +8,7 @@ output layer (paper 1, Sec. 5.1). Counts come from the real model classes; print
 
 import argparse
 
-from hf_posenc.benchmarking import MODEL_SIZES, meta_model
+from benchmarks.harness import MODEL_SIZES, meta_model
 
 PAPER_BASE = {field: value for field, value in MODEL_SIZES["base"].items() if field != "vocab_size"}
 # paper 1, Table 1 (millions)

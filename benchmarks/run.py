@@ -1,8 +1,8 @@
 """Speed, memory and decoding cost of every registered positional module vs stock MarianMTModel, one process.
 
-    python benchmarks/run.py --config small --threads 1 --repeats 3          # CPU, every system
-    python benchmarks/run.py --device cuda --bf16 --config base               # GPU: adds length 1024
-    python benchmarks/run.py --systems marian shaw rposnet_precomputed --lengths 32 128
+    python -m benchmarks.run --config small --threads 1 --repeats 3          # CPU, every system
+    python -m benchmarks.run --device cuda --bf16 --config base               # GPU: adds length 1024
+    python -m benchmarks.run --systems marian shaw rposnet_precomputed --lengths 32 128
 
 Systems (same dims, fields and seed): "marian" (stock `transformers.MarianMTModel`, the baseline), every
 position encoding of `hf_posenc.POSITION_ENCODINGS` (both stacks), every token mixer of
@@ -30,8 +30,7 @@ import matplotlib
 import torch
 import transformers
 
-from hf_posenc import POSITION_ENCODINGS, TOKEN_MIXERS
-from hf_posenc.benchmarking import (
+from benchmarks.harness import (
     MARIAN_FIELDS,
     MODEL_SIZES,
     System,
@@ -44,7 +43,8 @@ from hf_posenc.benchmarking import (
     interleaved_median_seconds,
     synthetic_batch,
 )
-from hf_posenc.posenc_base import CROSS_ATTENTION, TokenMixer
+from hf_posenc import POSITION_ENCODINGS, TOKEN_MIXERS
+from hf_posenc.base import CROSS_ATTENTION, TokenMixer
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402  (after selecting the file-only backend)
@@ -580,7 +580,7 @@ def main(argv=None):
     phase("generation", measure_generation, models)
     phase("decode_ms", measure_decode_steps, models)
 
-    command = "python benchmarks/run.py " + shlex.join(sys.argv[1:] if argv is None else argv)
+    command = "python -m benchmarks.run " + shlex.join(sys.argv[1:] if argv is None else argv)
     (args.output_dir / "benchmarks.json").write_text(json.dumps({"command": command, **results}, indent=1))
     plots = write_plots(results, systems, args)
     write_markdown(results, systems, fields, args, command, plots)

@@ -1,10 +1,10 @@
 """Training-step throughput and memory of positional modules relative to "sinusoidal", same process.
 
-    python benchmarks/train_step.py --variants shaw t5_bias --lengths 32 128 512 --threads 2
+    python -m benchmarks.train_step --variants shaw t5_bias --lengths 32 128 512 --threads 2
 
 Each variant is `name` (a position encoding for both stacks) or `site=mixer` (a token mixer at a site) or
 `field=value,field=value` config overrides, or `marian` (stock transformers.MarianMTModel; benchmarks/run.py
-compares everything against it). Prints a markdown table of ratios (see hf_posenc.benchmarking).
+compares everything against it). Prints a markdown table of ratios (see benchmarks.harness).
 
 With --memory_breakdown it times nothing and prints, per variant and length, the deterministic CPU memory split
 into activations (saved tensors whose storage is not a parameter), 2 x parameter bytes and the harness metric.
@@ -17,8 +17,7 @@ import platform
 import torch
 import transformers
 
-from hf_posenc import POSITION_ENCODINGS
-from hf_posenc.benchmarking import (
+from benchmarks.harness import (
     MARIAN_FIELDS,
     MODEL_SIZES,
     benchmark_training_steps,
@@ -28,6 +27,7 @@ from hf_posenc.benchmarking import (
     synthetic_batch,
     training_memory_bytes,
 )
+from hf_posenc import POSITION_ENCODINGS
 
 MIB = 2**20
 

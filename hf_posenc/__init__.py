@@ -6,14 +6,14 @@
 
 from transformers import AutoConfig, AutoModel, AutoModelForSeq2SeqLM
 
+from .base import PosEncCache, PositionContext, PositionEncoding, TokenMixer
 from .configuration_marian_posenc import MarianPosEncConfig
 from .modeling_marian_posenc import (
     MarianPosEncForConditionalGeneration,
     MarianPosEncModel,
     MarianPosEncPreTrainedModel,
 )
-from .posenc_base import PosEncCache, PositionContext, PositionEncoding, TokenMixer
-from .posenc_registry import POSITION_ENCODINGS, TOKEN_MIXERS
+from .registry import POSITION_ENCODINGS, TOKEN_MIXERS
 
 AutoConfig.register(MarianPosEncConfig.model_type, MarianPosEncConfig, exist_ok=True)
 AutoModel.register(MarianPosEncConfig, MarianPosEncModel, exist_ok=True)

@@ -9,8 +9,8 @@ rather than deep inside torch.
 from huggingface_hub.dataclasses import strict
 from transformers import MarianConfig
 
-from .posenc_base import ATTENTION_SITES
-from .posenc_registry import POSITION_ENCODINGS, TOKEN_MIXERS
+from .base import ATTENTION_SITES
+from .registry import POSITION_ENCODINGS, TOKEN_MIXERS
 
 # Input position encoding of a stack whose self-attention mixer has no `recommended_position_encoding`.
 DEFAULT_POSITION_ENCODING = "sinusoidal"
@@ -83,14 +83,14 @@ class MarianPosEncConfig(MarianConfig):
     # "per_head": the first self-attention layer's Q/K/V read only each head's own input slice; "full": Eq. 4.
     rpe_head_projection: str = "per_head"
 
-    # gated (posenc_gated.py): paper 2 (Gated position-based attention), Eq. 4 and 8-10
+    # gated (mixer_gated.py): paper 2 (Gated position-based attention), Eq. 4 and 8-10
     attention_gating: bool = False  # Eq. 4 gating on content attention ("attention"), Table 6 ablation
     posnet_gating: bool = True  # Eq. 4 gating in "aposnet"/"rposnet" (False: Table 6 "without gating")
     rposnet_max_relative_position: int = 16  # K of Eq. 10 (16 base, 8 big)
     rposnet_length_ratio: float = 1.0  # γ of Eq. 10 in cross-attention: mean source/target length ratio
     position_attention_precomputed: bool = False  # set by model.precompute_position_attention()
 
-    # mixers (posenc_mixers.py): paper 2 §2.2 and Appendix A, Eq. 11-14
+    # mixers (mixer_position_only.py): paper 2 §2.2 and Appendix A, Eq. 11-14
     lightconv_kernel_radius: int = 16  # K: LightConv kernels have 2K+1 taps
     lightconv_weight_dropout: float = 0.1  # DropConnect on the softmax-normalised kernel (Wu et al. 2019)
 

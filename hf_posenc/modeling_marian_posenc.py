@@ -33,8 +33,7 @@ from transformers.modeling_outputs import (
 )
 from transformers.utils import logging
 
-from .configuration_marian_posenc import MarianPosEncConfig
-from .posenc_base import (
+from .base import (
     CROSS_ATTENTION,
     DECODER,
     DECODER_SELF_ATTENTION,
@@ -48,7 +47,8 @@ from .posenc_base import (
     stack_score_mask,
     with_score_mask,
 )
-from .posenc_registry import POSITION_ENCODINGS, TOKEN_MIXERS
+from .configuration_marian_posenc import MarianPosEncConfig
+from .registry import POSITION_ENCODINGS, TOKEN_MIXERS
 
 logger = logging.get_logger(__name__)
 

@@ -10,7 +10,7 @@ import torch
 from torch import nn
 from transformers import initialization as init
 
-from .posenc_base import PositionEncoding, check_max_positions
+from .base import PositionEncoding, check_max_positions
 
 
 class NoPositionEncoding(PositionEncoding):

@@ -32,7 +32,7 @@ from torch.autograd.function import once_differentiable
 from transformers import initialization as init
 from transformers.activations import ACT2FN
 
-from .posenc_base import DECODER, ENCODER, PositionContext, PositionEncoding, check_max_positions
+from .base import DECODER, ENCODER, PositionContext, PositionEncoding, check_max_positions
 
 
 def position_kernel_product(

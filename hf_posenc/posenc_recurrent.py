@@ -30,8 +30,8 @@ from torch import nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 from transformers import initialization as init
 
+from .base import ENCODER, PosEncCache, PositionEncoding, check_max_positions
 from .posenc_absolute import marian_sinusoid_table
-from .posenc_base import ENCODER, PosEncCache, PositionEncoding, check_max_positions
 
 RNN_CELLS = {"rnn": nn.RNN, "gru": nn.GRU, "lstm": nn.LSTM}
 HEAD_PROJECTIONS = ("full", "per_head")

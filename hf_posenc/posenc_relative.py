@@ -26,7 +26,7 @@ import torch
 from torch import nn
 from transformers import initialization as init
 
-from .posenc_base import ENCODER, PositionContext, PositionEncoding, causal_mask
+from .base import ENCODER, PositionContext, PositionEncoding, causal_mask
 
 
 def relative_distances(context: PositionContext) -> torch.Tensor:

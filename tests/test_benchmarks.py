@@ -7,7 +7,7 @@ import sys
 import pytest
 from conftest import REPO
 
-from hf_posenc.benchmarking import MARIAN_FIELDS, MODEL_SIZES, count_parameters
+from benchmarks.harness import MARIAN_FIELDS, MODEL_SIZES, count_parameters
 
 sys.path.insert(0, str(REPO / "benchmarks"))
 from run import select_systems  # noqa: E402
@@ -20,7 +20,7 @@ def test_benchmark_command_writes_tables_and_plots_for_every_system(tmp_path):
         "old tables\n<!-- Everything below this line is kept when benchmarks/run.py rewrites this file. -->\n"
         + notes
     )
-    command = [sys.executable, str(REPO / "benchmarks" / "run.py"), "--config", "tiny", "--threads", "1"]
+    command = [sys.executable, "-m", "benchmarks.run", "--config", "tiny", "--threads", "1"]
     command += [
         "--systems",
         "shaw",
@@ -46,7 +46,7 @@ def test_benchmark_command_writes_tables_and_plots_for_every_system(tmp_path):
     )  # targets judged
     assert "Model FLOPs utilisation" in markdown
     assert "old tables" not in markdown and markdown.endswith(notes)
-    assert "python benchmarks/run.py --config tiny" in markdown
+    assert "python -m benchmarks.run --config tiny" in markdown
 
     results = json.loads((tmp_path / "benchmarks.json").read_text())
     assert set(results["parameters"]) == {"marian", "shaw", "rposnet_precomputed"}

@@ -18,8 +18,8 @@ from hf_posenc import (
     MarianPosEncConfig,
     MarianPosEncForConditionalGeneration,
 )
+from hf_posenc.base import DECODER_SELF_ATTENTION
 from hf_posenc.posenc_absolute import marian_sinusoid_table
-from hf_posenc.posenc_base import DECODER_SELF_ATTENTION
 
 
 def stock_marian(seed=0):

@@ -7,15 +7,17 @@ import pytest
 import torch
 from conftest import source_batch, target_batch, tiny_config, tiny_model
 
-from hf_posenc.posenc_absolute import marian_sinusoid_table
-from hf_posenc.posenc_base import (
+from hf_posenc.base import (
     CROSS_ATTENTION,
     DECODER_SELF_ATTENTION,
     ENCODER_SELF_ATTENTION,
     PositionContext,
 )
-from hf_posenc.posenc_gated import APosNetAttention, RPosNetAttention
-from hf_posenc.posenc_mixers import FourierNet, GaussianNet, LightConv
+from hf_posenc.mixer_fourier import FourierNet
+from hf_posenc.mixer_gated import APosNetAttention, RPosNetAttention
+from hf_posenc.mixer_gaussian import GaussianNet
+from hf_posenc.mixer_lightconv import LightConv
+from hf_posenc.posenc_absolute import marian_sinusoid_table
 
 ALL_SITES_RPOSNET = dict(
     encoder_self_attention="rposnet",
@@ -285,7 +287,7 @@ def test_resolved_position_encodings_round_trip_through_config_json(overrides, t
 def test_folded_decoder_reads_causal_softmax_rows_that_follow_changes_of_the_energies():
     """The cached causal weight table equals the softmax over keys 0..n of the folded energies, also after
     the energies change in place (training, loading), and gradient-carrying calls still reach the energies."""
-    from hf_posenc.posenc_base import additive_mask
+    from hf_posenc.base import additive_mask
 
     torch.manual_seed(0)
     config = tiny_config(**ALL_SITES_RPOSNET, position_attention_precomputed=True)

@@ -1,4 +1,4 @@
-"""hf_posenc.position_plots draws what each kind of module learned about positions, and nothing for modules
+"""hf_posenc.analysis.position_plots draws what each kind of module learned about positions, and nothing for modules
 that learned nothing (fixed tables, rotations, fixed mixers)."""
 
 import math
@@ -7,7 +7,7 @@ import pytest
 import torch
 from conftest import tiny_model
 
-from hf_posenc.position_plots import plot_learned_positions, position_panels
+from hf_posenc.analysis.position_plots import plot_learned_positions, position_panels
 
 LAYERS, HEADS = 2, 4  # conftest.TINY_FIELDS
 

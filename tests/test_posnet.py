@@ -6,7 +6,7 @@ import torch
 from conftest import PAD, source_batch, target_batch, tiny_config, tiny_model
 
 from hf_posenc import MarianPosEncForConditionalGeneration
-from hf_posenc.posenc_base import PositionContext, positions_from_padding_mask
+from hf_posenc.base import PositionContext, positions_from_padding_mask
 from hf_posenc.posenc_posnet import (
     KernelRangeProduct,
     ReluKernelResidual,

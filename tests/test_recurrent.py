@@ -9,7 +9,7 @@ from safetensors.torch import load_file, save_file
 from transformers.cache_utils import DynamicCache
 
 from hf_posenc import MarianPosEncConfig, MarianPosEncForConditionalGeneration, PosEncCache
-from hf_posenc.posenc_base import PositionContext
+from hf_posenc.base import PositionContext
 from hf_posenc.posenc_recurrent import MPRHeadPositionEncoding, RPEHeadPositionEncoding
 
 LAYOUTS = {"rpe_head": RPEHeadPositionEncoding, "mpr_head": MPRHeadPositionEncoding}

@@ -8,7 +8,7 @@ import pytest
 import torch
 from conftest import EOS, PAD, VOCAB, tiny_model
 
-from hf_posenc.word_order_probe import (
+from hf_posenc.analysis.word_order_probe import (
     equivariance_gap,
     main,
     token_permutation,
@@ -89,7 +89,7 @@ def test_probe_reports_zero_gap_and_full_bleu_for_an_order_blind_encoder(tokeniz
 
 
 def test_cli_prints_one_json_row_per_permutation_kind(tokenizer, tmp_path, capsys):
-    """`python -m hf_posenc.word_order_probe FOLDER --sentences ...` loads a saved model and tokenizer."""
+    """`python -m hf_posenc.analysis.word_order_probe FOLDER --sentences ...` loads a saved model and tokenizer."""
     tiny_model(position_encoding="posnet_embed").save_pretrained(tmp_path)
     tokenizer.save_pretrained(tmp_path)
     main(

@@ -23,9 +23,9 @@ sys.path.insert(0, str(REPO / "tests"))
 from conftest import DATA_DIR  # noqa: E402
 
 from hf_posenc import MarianPosEncConfig, MarianPosEncForConditionalGeneration  # noqa: E402
-from hf_posenc.data import read_split  # noqa: E402
-from hf_posenc.tokenization import train_joint_bpe  # noqa: E402
-from hf_posenc.training import TokenBudgetSeq2SeqTrainer, tokenize_parallel  # noqa: E402
+from hf_posenc.pipeline.data import read_split  # noqa: E402
+from hf_posenc.pipeline.tokenization import train_joint_bpe  # noqa: E402
+from hf_posenc.pipeline.training import TokenBudgetSeq2SeqTrainer, tokenize_parallel  # noqa: E402
 
 
 class RecordingTrainer(TokenBudgetSeq2SeqTrainer):

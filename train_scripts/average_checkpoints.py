@@ -13,7 +13,7 @@ import argparse
 from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 
 import hf_posenc  # noqa: F401  (registers the Auto classes)
-from hf_posenc.averaging import average_state_dicts, select_checkpoints
+from hf_posenc.pipeline.averaging import average_state_dicts, select_checkpoints
 
 
 def average_into_folder(checkpoints_dir, output_dir, last=None, best=None):

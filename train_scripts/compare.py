@@ -15,7 +15,7 @@ Then the report: per table, BLEU/chrF++ per seed, mean and standard deviation, t
 baseline with paired bootstrap resampling (same seed; ** p < 0.05, * p < 0.10 as paper 1), "tie" where the
 gap is within the seed noise; the n-gram sweep (paper 1 Fig. 4) of the best system against the baseline;
 the word-order probe (paper 1 Eq. 9/13) of every trained model; heat maps of what the models learned about
-positions (`hf_posenc.position_plots`). Written to `docs/results.md` and `docs/results_*.png`.
+positions (`hf_posenc.analysis.position_plots`). Written to `docs/results.md` and `docs/results_*.png`.
 """
 
 import argparse
@@ -35,10 +35,10 @@ import transformers
 from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 
 import hf_posenc  # noqa: F401  (registers the Auto classes)
-from hf_posenc.data import read_lines, read_split
-from hf_posenc.evaluation import ngram_sweep, paired_bootstrap, plot_ngram_sweep
-from hf_posenc.position_plots import plot_learned_positions
-from hf_posenc.word_order_probe import word_order_probe
+from hf_posenc.analysis.position_plots import plot_learned_positions
+from hf_posenc.analysis.word_order_probe import word_order_probe
+from hf_posenc.pipeline.data import read_lines, read_split
+from hf_posenc.pipeline.evaluation import ngram_sweep, paired_bootstrap, plot_ngram_sweep
 
 logger = logging.getLogger("compare")
 REPO = Path(__file__).resolve().parents[1]

@@ -19,8 +19,8 @@ import torch
 from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 
 import hf_posenc  # noqa: F401  (registers the Auto classes)
-from hf_posenc.data import read_lines, read_parallel
-from hf_posenc.evaluation import (
+from hf_posenc.pipeline.data import read_lines, read_parallel
+from hf_posenc.pipeline.evaluation import (
     ngram_sweep,
     paired_bootstrap,
     plot_ngram_sweep,

@@ -40,13 +40,13 @@ from hf_posenc import (
     MarianPosEncConfig,
     MarianPosEncForConditionalGeneration,
 )
-from hf_posenc.averaging import average_state_dicts, select_checkpoints
-from hf_posenc.batching import TokenBudgetBatchSampler
-from hf_posenc.data import ParallelText, read_hf_translation, read_parallel, read_split
-from hf_posenc.evaluation import score_translations, translate
-from hf_posenc.model_card import MULTI30K_NOTE, write_model_card
-from hf_posenc.tokenization import train_joint_bpe
-from hf_posenc.training import TimeBudgetCallback, TokenBudgetSeq2SeqTrainer, tokenize_parallel
+from hf_posenc.pipeline.averaging import average_state_dicts, select_checkpoints
+from hf_posenc.pipeline.batching import TokenBudgetBatchSampler
+from hf_posenc.pipeline.data import ParallelText, read_hf_translation, read_parallel, read_split
+from hf_posenc.pipeline.evaluation import score_translations, translate
+from hf_posenc.pipeline.model_card import MULTI30K_NOTE, write_model_card
+from hf_posenc.pipeline.tokenization import train_joint_bpe
+from hf_posenc.pipeline.training import TimeBudgetCallback, TokenBudgetSeq2SeqTrainer, tokenize_parallel
 
 logger = logging.getLogger("train")
 REPO = Path(__file__).resolve().parents[1]

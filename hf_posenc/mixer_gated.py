@@ -12,7 +12,7 @@ Because α̂ depends on positions only, `model.precompute_position_attention()` 
 vectors (paper 2 §4.1-4.2, "Theoretical Complexity").
 
 `PositionMixer` is the base of every mixer whose weights ignore the token contents (also the five mixers of
-posenc_mixers.py): values are projected (and gated-normalised) once, cached like content attention's values,
+mixer_position_only.py): values are projected (and gated-normalised) once, cached like content attention's values,
 mixed with weights (B|1, H|1, q, k) computed from `PositionContext` positions, then gated and projected.
 
 ñ is shared across layers (paper 2 §4.1): the unfolded rPosNet layers of one stack read one learned table,
@@ -32,25 +32,14 @@ import torch
 from torch import nn
 from transformers import initialization as init
 
-from .posenc_absolute import marian_sinusoid_table
-from .posenc_attention import GeluGating, cache_for_site
-from .posenc_base import (
+from .base import (
     CROSS_ATTENTION,
     PositionContext,
-    TokenMixer,
     additive_mask,
-    causal_mask,
     check_max_positions,
 )
-
-
-def allowed_keys(attention_mask, context: PositionContext, is_causal: bool) -> torch.Tensor | None:
-    """Boolean (B|1, 1, q, k) "query may read key" from any of transformers' masks, or None (all allowed)."""
-    if attention_mask is None:
-        return causal_mask(context) if is_causal else None
-    if attention_mask.dtype == torch.bool:
-        return attention_mask
-    return attention_mask == 0  # eager float masks hold 0 where allowed and the dtype's minimum elsewhere
+from .mixer_base import PositionMixer
+from .posenc_absolute import marian_sinusoid_table
 
 
 def tensors_state(*tensors: torch.Tensor) -> tuple:
@@ -58,68 +47,6 @@ def tensors_state(*tensors: torch.Tensor) -> tuple:
     and device. Tensors made under torch.inference_mode keep no version counter (changing them in place is only
     possible inside inference mode, where a model is not trained)."""
     return tuple((t.data_ptr(), None if t.is_inference() else t._version, t.dtype, t.device) for t in tensors)
-
-
-class PositionMixer(TokenMixer):
-    """Token mixing with content-independent weights: out_proj(gate([W · values])), values cached per site.
-
-    Subclasses define `mixing_weights(attention_mask, context, dtype) -> (B|1, H|1, q, k)`, already masked
-    (padding, causality) and normalised or not as their equation says.
-    """
-
-    #: Eq. 4 gating; subclasses fix it or read it from the config.
-    gated = False
-
-    def __init__(self, config, site, layer_idx):
-        super().__init__(config, site, layer_idx)
-        self.dropout = config.attention_dropout
-        self.v_proj = nn.Linear(self.embed_dim, self.embed_dim)
-        self.out_proj = nn.Linear(self.embed_dim, self.embed_dim)
-        self.gating = GeluGating(self.embed_dim) if self.gated else None
-
-    def project_values(self, states: torch.Tensor) -> torch.Tensor:
-        """(B, k, D) -> (B, k, D) values before the head split."""
-        value = self.v_proj(states)
-        return self.gating.normalize_values(value) if self.gating is not None else value
-
-    def cached_values(self, hidden_states, key_value_states, past_key_values) -> torch.Tensor:
-        """All values of the site (B, H, k, Dh): new ones appended to the cache, encoder ones computed once.
-
-        The values go into the cache as both keys and values: the decoder reads the number of cached positions
-        from the self-attention cache.
-        """
-        cache = cache_for_site(past_key_values, self.is_cross_attention)
-        if self.is_cross_attention and cache is not None and past_key_values.is_updated.get(self.layer_idx):
-            return cache.layers[self.layer_idx].values
-        states = key_value_states if self.is_cross_attention else hidden_states
-        value = self.project_values(states)
-        value = value.view(*states.shape[:-1], self.num_heads, -1).transpose(1, 2)  # (B, H, k_new, Dh)
-        if cache is not None:
-            _, value = cache.update(value, value, self.layer_idx)
-            if self.is_cross_attention:
-                past_key_values.is_updated[self.layer_idx] = True
-        return value
-
-    def mixing_weights(self, attention_mask, context: PositionContext, dtype) -> torch.Tensor:
-        raise NotImplementedError
-
-    def forward(
-        self,
-        hidden_states: torch.Tensor,
-        key_value_states: torch.Tensor | None = None,
-        past_key_values=None,
-        attention_mask: torch.Tensor | None = None,
-        context: PositionContext | None = None,
-        output_attentions: bool = False,
-    ):
-        value = self.cached_values(hidden_states, key_value_states, past_key_values)  # (B, H, k, Dh)
-        weights = self.mixing_weights(attention_mask, context, value.dtype)  # (B|1, H|1, q, k)
-        weights = nn.functional.dropout(weights, p=self.dropout, training=self.training)
-        output = torch.matmul(weights, value).transpose(1, 2)  # (B, q, H, Dh)
-        output = output.reshape(*hidden_states.shape[:-1], -1)  # (B, q, D)
-        if self.gating is not None:
-            output = self.gating.gate(output, hidden_states)
-        return self.out_proj(output), (weights if output_attentions else None)
 
 
 class PositionAttention(PositionMixer):

@@ -12,10 +12,10 @@ With the "none"/"sinusoidal"/"learned" encodings this is numerically `MarianAtte
 
 import torch
 from torch import nn
-from transformers.cache_utils import EncoderDecoderCache
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
-from .posenc_base import PositionContext, TokenMixer, additive_mask, causal_mask
+from .base import PositionContext, TokenMixer, additive_mask, causal_mask
+from .mixer_base import GeluGating, cache_for_site
 
 
 def eager_attention(module, query, key, value, attention_mask, scaling, dropout=0.0, **kwargs):
@@ -30,38 +30,6 @@ def eager_attention(module, query, key, value, attention_mask, scaling, dropout=
     weights = nn.functional.dropout(weights, p=dropout, training=module.training)
     output = torch.matmul(weights, value).transpose(1, 2).contiguous()  # (B, q, H, Dh)
     return output, weights
-
-
-class GeluGating(nn.Module):
-    """Gating of paper 2 (Eq. 4): c_n = [Σ_m α_nm · LayerNorm(GELU(v_m))] ⊙ GELU(W^G y_n).
-
-    Shared by the gated position mixers (aPosNet, rPosNet, gLinearNet) and, with `config.attention_gating`,
-    by content attention (paper 2 Table 6 ablation). The value side is applied before caching.
-    """
-
-    def __init__(self, embed_dim: int):
-        super().__init__()
-        self.gate_proj = nn.Linear(embed_dim, embed_dim)
-        self.value_norm = nn.LayerNorm(embed_dim)
-
-    def normalize_values(self, value: torch.Tensor) -> torch.Tensor:
-        return self.value_norm(nn.functional.gelu(value))  # (B, k, D)
-
-    def gate(self, context: torch.Tensor, queries: torch.Tensor) -> torch.Tensor:
-        return context * nn.functional.gelu(self.gate_proj(queries))  # (B, q, D)
-
-
-def cache_for_site(past_key_values, is_cross_attention: bool):
-    """The self- or cross-attention half of the model's cache (None when not caching)."""
-    if past_key_values is None:
-        return None
-    if isinstance(past_key_values, EncoderDecoderCache):
-        return (
-            past_key_values.cross_attention_cache
-            if is_cross_attention
-            else past_key_values.self_attention_cache
-        )
-    return past_key_values
 
 
 class ContentAttention(TokenMixer):

@@ -11,7 +11,7 @@ neighbouring words, and reports
 * sacreBLEU of the translations of the permuted sources against the translations of the original sources
   (100 when the model translates a bag of words the same whatever its order).
 
-    python -m hf_posenc.word_order_probe MODEL_DIR --source sentences.txt --permutations 5 --seed 0
+    python -m hf_posenc.analysis.word_order_probe MODEL_DIR --source sentences.txt --permutations 5 --seed 0
 """
 
 import argparse

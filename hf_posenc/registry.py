@@ -5,10 +5,13 @@
 The conformance suite (tests/test_conformance.py) runs over every name listed here.
 """
 
+from .mixer_attention import ContentAttention
+from .mixer_fourier import FourierNet
+from .mixer_gated import APosNetAttention, RPosNetAttention
+from .mixer_gaussian import GaussianNet
+from .mixer_lightconv import LightConv
+from .mixer_linear import GLinearNet, LinearNet
 from .posenc_absolute import LearnedPositionEncoding, NoPositionEncoding, SinusoidalPositionEncoding
-from .posenc_attention import ContentAttention
-from .posenc_gated import APosNetAttention, RPosNetAttention
-from .posenc_mixers import FourierNet, GaussianNet, GLinearNet, LightConv, LinearNet
 from .posenc_posnet import PosNetAttention, PosNetEmbedding
 from .posenc_recurrent import MPRHeadPositionEncoding, RPEHeadPositionEncoding
 from .posenc_relative import (

@@ -2,7 +2,7 @@
 
 from pathlib import Path
 
-TEMPLATE = Path(__file__).resolve().parents[1] / "model_cards" / "template.md"
+TEMPLATE = Path(__file__).with_name("model_card_template.md")
 
 MULTI30K_NOTE = (
     "Multi30k task 1 (Elliott et al. 2016; 2017 for French): 29,000 training pairs of Flickr30K image "

@@ -19,8 +19,8 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 from transformers import LogitsProcessor, LogitsProcessorList, MarianConfig, MarianMTModel
 
-from .configuration_marian_posenc import MarianPosEncConfig
-from .modeling_marian_posenc import MarianPosEncForConditionalGeneration
+from hf_posenc.configuration_marian_posenc import MarianPosEncConfig
+from hf_posenc.modeling_marian_posenc import MarianPosEncForConditionalGeneration
 
 # Model sizes shared by the benchmark scripts. "base" is paper 1's Transformer base (§5.1); the paper base is
 # too slow for many variants on 2 CPU cores, "small" keeps the ratios meaningful there.

@@ -1,6 +1,6 @@
 """Pictures of what a trained model learned about positions, one PNG per model.
 
-    from hf_posenc.position_plots import plot_learned_positions
+    from hf_posenc.analysis.position_plots import plot_learned_positions
     plot_learned_positions(model, "docs/positions.png", title="rposnet, en-de")
 
 What is drawn depends on the model's modules; every panel covers the first `positions` positions:
@@ -25,11 +25,12 @@ import math
 import torch
 import torch.nn.functional as F
 
-from .posenc_absolute import LearnedPositionEncoding
-from .posenc_base import PositionContext, TokenMixer
-from .posenc_gated import PositionAttention, PositionMixer
-from .posenc_posnet import PosNetAttention, PosNetEmbedding
-from .posenc_relative import (
+from ..base import PositionContext, TokenMixer
+from ..mixer_base import PositionMixer
+from ..mixer_gated import PositionAttention
+from ..posenc_absolute import LearnedPositionEncoding
+from ..posenc_posnet import PosNetAttention, PosNetEmbedding
+from ..posenc_relative import (
     AdaptiveT5PositionEncoding,
     AlibiPositionEncoding,
     ShawRelativePositionEncoding,
