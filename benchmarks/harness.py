@@ -68,22 +68,6 @@ MARIAN_FIELDS = dict(
 )
 
 
-@dataclass(frozen=True)
-class System:
-    """One benchmarked model: stock MarianMTModel (`overrides` None) or MarianPosEnc with config overrides.
-
-    `precomputed` systems are folded with `precompute_position_attention()` (paper 2 §4): inference only.
-    """
-
-    name: str
-    overrides: dict | None
-    precomputed: bool = False
-
-    @property
-    def trainable(self) -> bool:
-        return not self.precomputed
-
-
 def build_model(base_fields: dict, overrides: dict | None, device, seed: int = 0, precomputed: bool = False):
     """The model of a system in training mode: same fields and seed for every system."""
     torch.manual_seed(seed)
@@ -96,7 +80,8 @@ def build_model(base_fields: dict, overrides: dict | None, device, seed: int = 0
     return model.to(device).train()
 
 
-def build_system(system: System, base_fields: dict, device, seed: int = 0):
+def build_system(system, base_fields: dict, device, seed: int = 0):
+    """The model of a `hf_posenc.pipeline.systems.System` (overrides None: stock MarianMTModel)."""
     return build_model(base_fields, system.overrides, device, seed, system.precomputed)
 
 

@@ -33,7 +33,6 @@ import transformers
 from benchmarks.harness import (
     MARIAN_FIELDS,
     MODEL_SIZES,
-    System,
     benchmark_training_steps,
     build_system,
     count_parameters,
@@ -43,8 +42,7 @@ from benchmarks.harness import (
     interleaved_median_seconds,
     synthetic_batch,
 )
-from hf_posenc import POSITION_ENCODINGS, TOKEN_MIXERS
-from hf_posenc.base import CROSS_ATTENTION, TokenMixer
+from hf_posenc.pipeline.systems import System, benchmark_systems
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402  (after selecting the file-only backend)
@@ -71,25 +69,15 @@ DECODE_GROWTH_LIMIT = 1.2
 
 
 def registered_systems() -> list[System]:
-    systems = [System(BASELINE, None)]
-    systems += [System(name, {"position_encoding": name}) for name in POSITION_ENCODINGS]
-    for name, mixer in TOKEN_MIXERS.items():
-        if name == "attention":  # the default everywhere: the "sinusoidal" system
-            continue
-        sites = {site: name for site in mixer.allowed_sites if site != CROSS_ATTENTION}
-        systems.append(System(name, sites))
-        if mixer.precompute_position_attention is not TokenMixer.precompute_position_attention:  # it folds
-            systems.append(System(f"{name}_precomputed", sites, precomputed=True))
-    return systems
+    return [System(BASELINE, None), *benchmark_systems()]
 
 
 def describe(system: System) -> str:
     if system.overrides is None:
         return "stock `transformers.MarianMTModel`"
-    if "position_encoding" in system.overrides:
-        return "position encoding in both stacks"
-    sites = ", ".join(site.replace("_", " ") for site in system.overrides)
-    return f"mixer at {sites}" + (" (folded, inference only)" if system.precomputed else "")
+    return ", ".join(f"{key}={value}" for key, value in system.overrides.items()) + (
+        " (folded, inference only)" if system.precomputed else ""
+    )
 
 
 def parse_args(argv):
@@ -160,7 +148,7 @@ def model_fields(args) -> dict:
 
 
 def measure_training(systems, fields, args, dtype) -> dict:
-    variants = {system.name: system.overrides for system in systems if system.trainable}
+    variants = {system.name: system.overrides for system in systems if not system.precomputed}
     results = benchmark_training_steps(
         variants,
         fields,
@@ -427,7 +415,7 @@ def write_plots(results: dict, systems: list[System], args) -> list[str]:
 
 def write_markdown(results: dict, systems: list[System], fields: dict, args, command: str, plots: list[str]):
     names = [system.name for system in systems]
-    trained = [system.name for system in systems if system.trainable]
+    trained = [system.name for system in systems if not system.precomputed]
     train, memory = results["training"]["tokens_per_second"], results["training"]["memory_bytes"]
     lines = [
         "# Benchmarks: positional modules vs stock MarianMTModel",

@@ -14,10 +14,25 @@ mask in the encoder, from the cache length in the decoder) and hands them down i
 """
 
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 import torch
 from torch import nn
 from transformers.cache_utils import EncoderDecoderCache
+
+# The project's three papers (docs cite them as paper 1, 2, 3), and the Transformer, for the model cards.
+PAPER_1 = (
+    "Zhang, Liu, Liu, Liang 2023. Interpreting Positional Information in Perspective of Word Order. ACL."
+)
+PAPER_2 = (
+    "Schmidt, Di Gangi 2023. Bridging the Gap between Position-Based and Content-Based Self-Attention for "
+    "Neural Machine Translation. WMT."
+)
+PAPER_3 = (
+    "Chen, Wang, Utiyama, Sumita 2019. Recurrent Positional Embedding for Neural Machine Translation. "
+    "EMNLP-IJCNLP."
+)
+VASWANI = "Vaswani et al. 2017. Attention Is All You Need. NeurIPS."
 
 ENCODER = "encoder"
 DECODER = "decoder"
@@ -56,6 +71,78 @@ def position_span(positions: torch.Tensor) -> tuple[int, int]:
     if not positions.numel():
         return 0, -1
     return int(positions.min()), int(positions.max())
+
+
+@dataclass(frozen=True)
+class Hyperparameter:
+    """A typed config field owned by a module: `MarianPosEncConfig` gains one field per declared name, with
+    this type and default (the paper's value), and rejects values outside `choices` or the bounds."""
+
+    type: Any
+    default: Any
+    doc: str
+    choices: tuple | None = None
+    minimum: float | None = None  # inclusive
+    below: float | None = None  # exclusive upper bound
+
+    def check(self, name: str, value) -> None:
+        if value is None:
+            return
+        if self.choices is not None and value not in self.choices:
+            raise ValueError(
+                f"{name}={value!r} is not known; allowed values: {', '.join(map(str, self.choices))}."
+            )
+        if self.minimum is not None and value < self.minimum:
+            raise ValueError(f"{name}={value!r} must be >= {self.minimum}.")
+        if self.below is not None and value >= self.below:
+            raise ValueError(f"{name}={value!r} must be < {self.below}.")
+
+
+@dataclass(frozen=True)
+class PositionPanel:
+    """One picture of what a module learned about positions: a heat map ("map", 2-D) or one curve per head
+    against the distance j - i ("curves", (H, P) with the query in the middle of P positions)."""
+
+    title: str
+    kind: str
+    data: torch.Tensor
+
+
+def cosine_similarity_matrix(rows: torch.Tensor) -> torch.Tensor:
+    """(N, ...) -> (N, N) cosine similarities of the flattened rows (e.g. learned positions or kernels)."""
+    rows = nn.functional.normalize(rows.detach().float().flatten(1), dim=-1)
+    return rows @ rows.T
+
+
+def all_positions_context(encoding, positions: int, device=None) -> "PositionContext":
+    """Queries and keys at positions 0..positions-1, (1, P) each."""
+    span = torch.arange(positions, device=device)[None]  # (1, P)
+    return PositionContext(encoding, span, span, (0, positions - 1), (0, positions - 1))
+
+
+class DescribedModule:
+    """What a registered module says about itself. The config (`hyperparameters`), the model card (`title`,
+    `reference`, `citations`), the position plots (`position_panels`), the comparison and benchmark systems
+    and the conformance suite (`variants`, `comparison_rows`) all read these, so adding a module is its file
+    and its registry line."""
+
+    #: Name in tables and cards, e.g. "PosNet-Embed".
+    title: str = ""
+    #: Paper and equations, e.g. "paper 1 Eq. 22/24 (kernels Eq. 14-17)".
+    reference: str = ""
+    #: Full references for the model card.
+    citations: tuple[str, ...] = ()
+    #: Config fields this module owns, name -> Hyperparameter (inherited by subclasses).
+    hyperparameters: dict[str, Hyperparameter] = {}
+    #: Option sets that deserve their own conformance and benchmark run: name -> config overrides, applied on
+    #: top of the module's own system (its name in both stacks, or at its self-attention sites).
+    variants: dict[str, dict] = {}
+    #: Rows this module adds to comparison tables: table name -> {system name: config overrides}.
+    comparison_rows: dict[str, dict[str, dict]] = {}
+
+    def position_panels(self, positions: int) -> list[PositionPanel]:
+        """Pictures of what this module learned about the first `positions` positions (none by default)."""
+        return []
 
 
 @dataclass
@@ -98,7 +185,7 @@ class PositionContext:
         return max(self.query_span[1], self.key_span[1]) + 1
 
 
-class PositionEncoding(nn.Module):
+class PositionEncoding(DescribedModule, nn.Module):
     """How positions enter one stack. The base class is the identity at every hook ("none").
 
     Subclasses override only the hooks they need. Hooks receive explicit positions; a hook that returns
@@ -160,6 +247,20 @@ class PositionEncoding(nn.Module):
         `score_bias_shared_by_layers`)."""
         return None
 
+    def position_panels(self, positions):
+        """Each head's score bias against the distance j - i, seen from the middle query, per biased layer
+        (one panel when the stack's layers share the bias)."""
+        layers = self.config.encoder_layers if self.stack == ENCODER else self.config.decoder_layers
+        context = all_positions_context(self, positions)
+        panels = []
+        for layer_idx in range(1 if self.score_bias_shared_by_layers else layers):
+            bias = self.score_bias(layer_idx, context)
+            if bias is not None:
+                where = "all layers" if self.score_bias_shared_by_layers else f"layer {layer_idx}"
+                curves = bias[0, :, positions // 2, :]  # (H, P): query in the middle, keys on both sides
+                panels.append(PositionPanel(f"{self.stack} {where}: bias vs j - i", "curves", curves))
+        return panels
+
     def attend(
         self,
         module,
@@ -176,7 +277,7 @@ class PositionEncoding(nn.Module):
         raise NotImplementedError(f"{type(self).__name__} does not define its own attention")
 
 
-class TokenMixer(nn.Module):
+class TokenMixer(DescribedModule, nn.Module):
     """How tokens are mixed at one attention site; replaces `MarianAttention`.
 
     `forward(hidden_states, key_value_states, past_key_values, attention_mask, context, output_attentions)`
@@ -187,6 +288,9 @@ class TokenMixer(nn.Module):
 
     #: The sites where this mixer is well defined (e.g. a Fourier transform cannot be causal).
     allowed_sites = ATTENTION_SITES
+    #: Input position encoding of a stack whose self-attention is this mixer, unless one is set explicitly
+    #: (paper 2 §5.2 pairs rPosNet with learned absolute embeddings, the other mixers with sinusoids).
+    recommended_position_encoding = "sinusoidal"
 
     def __init__(self, config, site: str, layer_idx: int):
         super().__init__()

@@ -14,7 +14,7 @@ import torch
 from torch import nn
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
-from .base import PositionContext, TokenMixer, additive_mask, causal_mask
+from .base import VASWANI, Hyperparameter, PositionContext, TokenMixer, additive_mask, causal_mask
 from .mixer_base import GeluGating, cache_for_site
 
 
@@ -34,6 +34,15 @@ def eager_attention(module, query, key, value, attention_mask, scaling, dropout=
 
 class ContentAttention(TokenMixer):
     """Multi-head scaled dot-product attention with the position-encoding hooks of `PositionEncoding`."""
+
+    title = "content attention"
+    reference = "Vaswani et al. 2017 (paper 1 Eq. 3); optional gating paper 2 Eq. 4, Table 6"
+    citations = (VASWANI,)
+    hyperparameters = {
+        "attention_gating": Hyperparameter(bool, False, "Eq. 4 gating of paper 2 on self-attention (Table 6)")
+    }
+    variants = {"gated": {"attention_gating": True}}
+    comparison_rows = {"gating": {"attention+gating": {"attention_gating": True}}}
 
     def __init__(self, config, site, layer_idx):
         super().__init__(config, site, layer_idx)

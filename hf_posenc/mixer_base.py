@@ -10,7 +10,21 @@ import torch
 from torch import nn
 from transformers.cache_utils import EncoderDecoderCache
 
-from .base import PositionContext, TokenMixer, causal_mask
+from .base import (
+    PositionContext,
+    PositionPanel,
+    TokenMixer,
+    all_positions_context,
+    causal_mask,
+)
+
+# Parameters of a position mixer that do not depend on positions.
+PARAMETERS_WITHOUT_POSITIONS = ("v_proj.", "out_proj.", "gating.")
+SITE_SHORT_NAMES = {
+    "encoder_self_attention": ("enc", "self"),
+    "decoder_self_attention": ("dec", "self"),
+    "cross_attention": ("dec", "cross"),
+}
 
 
 class GeluGating(nn.Module):
@@ -102,6 +116,23 @@ class PositionMixer(TokenMixer):
 
     def mixing_weights(self, attention_mask, context: PositionContext, dtype) -> torch.Tensor:
         raise NotImplementedError
+
+    def position_weights(self, context: PositionContext) -> torch.Tensor:
+        """What the position panels draw: the mixing weights of an unpadded sequence, (1, H|1, P, P)."""
+        return self.mixing_weights(None, context, torch.float32)
+
+    def position_panels(self, positions):
+        """Each head's weights as a query × key heat map (future keys of the causal decoder left blank), for
+        mixers with trainable position parameters."""
+        if all(name.startswith(PARAMETERS_WITHOUT_POSITIONS) for name, _ in self.named_parameters()):
+            return []
+        weights = self.position_weights(all_positions_context(None, positions, self.out_proj.weight.device))
+        if self.is_causal:
+            future = torch.ones(positions, positions, dtype=torch.bool, device=weights.device).triu(1)
+            weights = weights.masked_fill(future, float("nan"))
+        stack, kind = SITE_SHORT_NAMES[self.site]
+        name = f"{stack} L{self.layer_idx} {kind}"
+        return [PositionPanel(f"{name} head {head}", "map", heat) for head, heat in enumerate(weights[0])]
 
     def forward(
         self,

@@ -4,7 +4,7 @@ import math
 
 import torch
 
-from .base import ENCODER_SELF_ATTENTION
+from .base import ENCODER_SELF_ATTENTION, PAPER_2
 from .mixer_base import PositionMixer, zero_disallowed
 
 
@@ -16,6 +16,9 @@ class FourierNet(PositionMixer):
     The DFT depends on the whole sequence, hence encoder only (paper 2 §5.2).
     """
 
+    title = "FourierNet"
+    reference = "paper 2 Eq. 11"
+    citations = (PAPER_2,)
     allowed_sites = (ENCODER_SELF_ATTENTION,)
 
     def mixing_weights(self, attention_mask, context, dtype):

@@ -34,6 +34,8 @@ from transformers import initialization as init
 
 from .base import (
     CROSS_ATTENTION,
+    PAPER_2,
+    Hyperparameter,
     PositionContext,
     additive_mask,
     check_max_positions,
@@ -55,6 +57,16 @@ class PositionAttention(PositionMixer):
     A folded layer (`config.position_attention_precomputed`) holds `energies`, a per-head table indexed by
     query position (and by key position or clipped offset), instead of W^Q, W^K and the position vectors.
     """
+
+    citations = (PAPER_2,)
+    hyperparameters = {
+        "posnet_gating": Hyperparameter(bool, True, "Eq. 4 gating (False: Table 6 'without gating')"),
+        "position_attention_precomputed": Hyperparameter(
+            bool,
+            False,
+            "energies folded into per-layer tables (set by model.precompute_position_attention())",
+        ),
+    }
 
     def __init__(self, config, site, layer_idx):
         self.gated = config.posnet_gating
@@ -97,6 +109,9 @@ class PositionAttention(PositionMixer):
     def energies_for(self, context: PositionContext) -> torch.Tensor:
         check_max_positions(context, self.max_positions, type(self).__name__)
         return self.table_energies(context) if self.precomputed else self.computed_energies(context)
+
+    def position_weights(self, context):
+        return self.energies_for(context)  # the energies α̂ before the softmax
 
     def mixing_weights(self, attention_mask, context, dtype):
         if self.reads_causal_weight_table(attention_mask):
@@ -153,6 +168,17 @@ class APosNetAttention(PositionAttention):
 
     Recommended input embedding: `position_encoding="sinusoidal"` (paper 2 §5.2).
     """
+
+    title = "aPosNet"
+    reference = "paper 2 Eq. 8 + Eq. 4 gating, folding §4"
+    variants = {
+        "precomputed-ungated-cross": {
+            "cross_attention": "aposnet",
+            "position_attention_precomputed": True,
+            "posnet_gating": False,
+        }
+    }
+    comparison_rows = {"gating": {"aposnet": None, "aposnet-no-gating": {"posnet_gating": False}}}
 
     folded_away = ("q_proj", "k_proj", "position_vectors")
 
@@ -226,6 +252,40 @@ class RPosNetAttention(PositionAttention):
     registered, saved and initialised once).
     """
 
+    title = "rPosNet"
+    reference = "paper 2 Eq. 9-10 + Eq. 4 gating, folding §4"
+    hyperparameters = {
+        "rposnet_max_relative_position": Hyperparameter(
+            int, 16, "K of Eq. 10 (paper 2 §5.2: 16 base, 8 big)", minimum=0
+        ),
+        "rposnet_length_ratio": Hyperparameter(
+            float, 1.0, "γ of Eq. 10 in cross-attention: mean source/target length ratio", minimum=1e-6
+        ),
+    }
+    variants = {
+        "everywhere-precomputed": {
+            "cross_attention": "rposnet",
+            "rposnet_length_ratio": 1.3,
+            "position_attention_precomputed": True,
+        }
+    }
+    # Paper 2 Table 5 placements: ES encoder self-, DS decoder self-, C cross-attention (ES+DS: the main system)
+    comparison_rows = {
+        "gating": {"rposnet": None, "rposnet-no-gating": {"posnet_gating": False}},
+        "placement": {
+            "rposnet@ES": {"decoder_self_attention": "attention"},
+            "rposnet@DS": {"encoder_self_attention": "attention"},
+            "rposnet@C": {
+                "encoder_self_attention": "attention",
+                "decoder_self_attention": "attention",
+                "cross_attention": "rposnet",
+            },
+            "rposnet": None,
+            "rposnet@ES+C": {"decoder_self_attention": "attention", "cross_attention": "rposnet"},
+            "rposnet@DS+C": {"encoder_self_attention": "attention", "cross_attention": "rposnet"},
+            "rposnet@ES+DS+C": {"cross_attention": "rposnet"},
+        },
+    }
     folded_away = ("q_proj", "relative_embeddings")
     #: Paper 2 §5.2: rPosNet models take learned absolute input embeddings; the config picks this for a stack
     #: whose self-attention is rPosNet unless its position encoding is set explicitly.
@@ -255,16 +315,6 @@ class RPosNetAttention(PositionAttention):
 
     def query_position_vectors(self):
         return self.table_sharers[0].position_vectors  # (N, D), shared by the stack
-
-    @classmethod
-    def check_config(cls, config, site):
-        if config.rposnet_max_relative_position < 0:
-            raise ValueError(
-                f"rposnet_max_relative_position={config.rposnet_max_relative_position} must be >= 0 "
-                "(paper 2: 16 base, 8 big)."
-            )
-        if config.rposnet_length_ratio <= 0:
-            raise ValueError(f"rposnet_length_ratio={config.rposnet_length_ratio} must be positive.")
 
     def reset_parameters(self):
         if self.precomputed:

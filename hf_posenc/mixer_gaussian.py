@@ -5,7 +5,7 @@ import math
 import torch
 from transformers import initialization as init
 
-from .base import DECODER_SELF_ATTENTION, ENCODER_SELF_ATTENTION
+from .base import DECODER_SELF_ATTENTION, ENCODER_SELF_ATTENTION, PAPER_2
 from .mixer_base import PositionMixer, zero_disallowed
 
 
@@ -17,6 +17,12 @@ class GaussianNet(PositionMixer):
     Self-attention only: You et al. report a large loss in cross-attention and paper 2 keeps it content-based.
     """
 
+    title = "GaussianNet"
+    reference = "paper 2 Eq. 12 (You et al. 2020)"
+    citations = (
+        "You, Sun, Iyyer 2020. Hard-Coded Gaussian Attention for Neural Machine Translation. ACL.",
+        PAPER_2,
+    )
     allowed_sites = (ENCODER_SELF_ATTENTION, DECODER_SELF_ATTENTION)
     encoder_offsets = (-1, 1)
     decoder_offsets = (-1, 0)

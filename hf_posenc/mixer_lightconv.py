@@ -4,7 +4,7 @@ import torch
 from torch import nn
 from transformers import initialization as init
 
-from .base import DECODER_SELF_ATTENTION, ENCODER_SELF_ATTENTION
+from .base import DECODER_SELF_ATTENTION, ENCODER_SELF_ATTENTION, PAPER_2, Hyperparameter
 from .mixer_base import PositionMixer, zero_disallowed
 
 
@@ -17,6 +17,24 @@ class LightConv(PositionMixer):
     replaces the convolution so that one decoding step reads the cached values like attention does.
     """
 
+    title = "LightConv"
+    reference = "paper 2 Eq. 14 (Wu et al. 2019)"
+    citations = (
+        "Wu, Fan, Baevski, Dauphin, Auli 2019. Pay Less Attention with Lightweight and Dynamic Convolutions. ICLR.",
+        PAPER_2,
+    )
+    hyperparameters = {
+        "lightconv_kernel_radius": Hyperparameter(
+            int, 16, "K: kernels have 2K+1 taps (paper 2 §5.2: 16 base, 8 big)", minimum=0
+        ),
+        "lightconv_weight_dropout": Hyperparameter(
+            float,
+            0.1,
+            "DropConnect on the softmax-normalised kernel (Wu et al. 2019)",
+            minimum=0.0,
+            below=1.0,
+        ),
+    }
     allowed_sites = (ENCODER_SELF_ATTENTION, DECODER_SELF_ATTENTION)
 
     def __init__(self, config, site, layer_idx):
@@ -26,13 +44,6 @@ class LightConv(PositionMixer):
         self.v_proj = nn.Linear(self.embed_dim, 2 * self.embed_dim)  # GLU input
         self.kernel = nn.Parameter(torch.empty(self.num_heads, 2 * self.kernel_radius + 1))
         self.reset_parameters()
-
-    @classmethod
-    def check_config(cls, config, site):
-        if config.lightconv_kernel_radius < 0:
-            raise ValueError(f"lightconv_kernel_radius={config.lightconv_kernel_radius} must be >= 0.")
-        if not 0.0 <= config.lightconv_weight_dropout < 1.0:
-            raise ValueError(f"lightconv_weight_dropout={config.lightconv_weight_dropout} must be in [0, 1).")
 
     def reset_parameters(self):
         init.xavier_uniform_(self.kernel)

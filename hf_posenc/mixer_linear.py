@@ -5,7 +5,7 @@ import torch
 from torch import nn
 from transformers import initialization as init
 
-from .base import check_max_positions
+from .base import PAPER_2, check_max_positions
 from .mixer_base import PositionMixer, zero_disallowed
 
 
@@ -13,6 +13,10 @@ class LinearNet(PositionMixer):
     """LinearNet (Tolstikhin et al. 2021; paper 2 Eq. 13): c_n = Σ_m W_nm W^V x_m with a learned per-head
     L_max × L_max matrix W indexed by (query position, key position); not normalised, causal in the decoder.
     """
+
+    title = "LinearNet"
+    reference = "paper 2 Eq. 13"
+    citations = (PAPER_2,)
 
     def __init__(self, config, site, layer_idx):
         super().__init__(config, site, layer_idx)
@@ -34,4 +38,6 @@ class LinearNet(PositionMixer):
 class GLinearNet(LinearNet):
     """gLinearNet (Liu et al. 2021; paper 2 §2.2): LinearNet with the gating of paper 2 Eq. 4."""
 
+    title = "gLinearNet"
+    reference = "paper 2 §2.2 + Eq. 4 gating"
     gated = True

@@ -10,11 +10,27 @@ import torch
 from torch import nn
 from transformers import initialization as init
 
-from .base import PositionEncoding, check_max_positions
+from .base import (
+    PAPER_1,
+    VASWANI,
+    PositionEncoding,
+    PositionPanel,
+    check_max_positions,
+    cosine_similarity_matrix,
+)
 
 
 class NoPositionEncoding(PositionEncoding):
-    """No positional information at all: self-attention is then permutation-equivariant (paper 1 Eq. 9)."""
+    """No positional information at all: self-attention is then permutation-equivariant (paper 1 Eq. 9).
+
+    In the decoder alone, with a positional encoder, this is NoPE for the causal stack (Kazemnejad et al.
+    2023): causal attention can still count positions; the length tables compare it.
+    """
+
+    title = "no PE"
+    reference = "paper 1 Table 1 (w/o PE); permutation equivariance, Eq. 9"
+    citations = (PAPER_1,)
+    comparison_rows = {"length": {"nope-decoder": {"encoder_position_encoding": "sinusoidal"}}}
 
 
 def marian_sinusoid_table(num_positions: int, dim: int) -> torch.Tensor:
@@ -37,6 +53,10 @@ def marian_sinusoid_table(num_positions: int, dim: int) -> torch.Tensor:
 class SinusoidalPositionEncoding(PositionEncoding):
     """SAPE: x_j + p_j with Marian's fixed sinusoid table (a non-persistent buffer, rebuilt on load)."""
 
+    title = "SAPE (sinusoidal)"
+    reference = "Vaswani et al. 2017; paper 1 Eq. 6 (SAPE)"
+    citations = (VASWANI, PAPER_1)
+
     def __init__(self, config, stack):
         super().__init__(config, stack)
         self.max_positions = config.max_position_embeddings
@@ -55,6 +75,11 @@ class SinusoidalPositionEncoding(PositionEncoding):
 class LearnedPositionEncoding(PositionEncoding):
     """LAPE: x_j + p_j with a learned table p ∈ R^{L_max × d} (Gehring et al. 2017), saved with the model."""
 
+    title = "LAPE (learned)"
+    reference = "Gehring et al. 2017; paper 1 Eq. 6 (LAPE)"
+    citations = ("Gehring et al. 2017. Convolutional Sequence to Sequence Learning. ICML.", PAPER_1)
+    variants = {"decoder-none": {"decoder_position_encoding": "none"}}
+
     def __init__(self, config, stack):
         super().__init__(config, stack)
         self.max_positions = config.max_position_embeddings
@@ -68,3 +93,7 @@ class LearnedPositionEncoding(PositionEncoding):
     def embed(self, inputs_embeds, context, padding_mask, cache):
         check_max_positions(context, self.max_positions, "learned")
         return inputs_embeds + self.weight[context.query_positions]  # (B, L, D)
+
+    def position_panels(self, positions):
+        similarity = cosine_similarity_matrix(self.weight[:positions])
+        return [PositionPanel(f"{self.stack}: learned position similarity", "map", similarity)]

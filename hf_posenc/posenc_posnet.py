@@ -32,7 +32,17 @@ from torch.autograd.function import once_differentiable
 from transformers import initialization as init
 from transformers.activations import ACT2FN
 
-from .base import DECODER, ENCODER, PositionContext, PositionEncoding, check_max_positions
+from .base import (
+    DECODER,
+    ENCODER,
+    PAPER_1,
+    Hyperparameter,
+    PositionContext,
+    PositionEncoding,
+    PositionPanel,
+    check_max_positions,
+    cosine_similarity_matrix,
+)
 
 
 def position_kernel_product(
@@ -127,15 +137,22 @@ def kernel_std(num_positions: int, dim: int) -> float:
     return math.sqrt(2.0 / (dim * dim + num_positions * dim))
 
 
-def check_posnet_config(config, stack: str) -> None:
-    """Validation shared by both PosNet encodings."""
-    if config.posnet_activation not in ACT2FN:
-        raise ValueError(
-            f"posnet_activation={config.posnet_activation!r} is not known; allowed values: "
-            f"{', '.join(sorted(ACT2FN))}."
-        )
-    if not 0.0 <= config.posnet_dropout < 1.0:
-        raise ValueError(f"posnet_dropout={config.posnet_dropout} must be in [0, 1).")
+# Hyperparameters both PosNet encodings read.
+POSNET_HYPERPARAMETERS = {
+    "posnet_activation": Hyperparameter(
+        str, "relu", "σ of Eq. 23/24, a name from transformers' ACT2FN", choices=tuple(sorted(ACT2FN))
+    ),
+    "posnet_dropout": Hyperparameter(
+        float,
+        0.0,
+        "dropout on PosNet's output before the residual (reference default 0)",
+        minimum=0.0,
+        below=1.0,
+    ),
+    "posnet_shared": Hyperparameter(
+        bool, True, "encoder and decoder share one PosNet module / kernel table (reference)"
+    ),
+}
 
 
 class PositionalKernelNetwork(nn.Module):
@@ -179,6 +196,18 @@ class PosNetEmbedding(PositionEncoding):
     so the parameters exist once in the state dict and load, save and remote-code load need no tying step.
     """
 
+    title = "PosNet-Embed"
+    reference = "paper 1 Eq. 22/24 (positional kernels Eq. 14-17)"
+    citations = (PAPER_1,)
+    hyperparameters = {
+        **POSNET_HYPERPARAMETERS,
+        "posnet_dim": Hyperparameter(int, 128, "d_p of Eq. 24 (paper 1 §5: 128 base, 256 big)", minimum=1),
+    }
+    variants = {
+        "separate-stacks": {"posnet_shared": False},
+        "decoder-only": {"encoder_position_encoding": "sinusoidal"},
+    }
+
     def __init__(self, config, stack):
         super().__init__(config, stack)
         self.max_positions = config.max_position_embeddings
@@ -186,12 +215,6 @@ class PosNetEmbedding(PositionEncoding):
             stack == DECODER and config.posnet_shared and config.encoder_position_encoding == "posnet_embed"
         )
         self.network = None if self.uses_encoder_network else PositionalKernelNetwork(config)
-
-    @classmethod
-    def check_config(cls, config, stack):
-        check_posnet_config(config, stack)
-        if config.posnet_dim <= 0:
-            raise ValueError(f"posnet_dim={config.posnet_dim} must be positive.")
 
     def reset_parameters(self):
         if not self.uses_encoder_network:  # the encoder initialises a shared network
@@ -209,6 +232,13 @@ class PosNetEmbedding(PositionEncoding):
                 "encoder; build the whole model, or set posnet_shared=False."
             )
         return self.network(inputs_embeds, context)  # (B, L, D)
+
+    def position_panels(self, positions):
+        """Cosine similarity of the kernels φ_j of every pair of positions (once for a shared network)."""
+        if self.uses_encoder_network:
+            return []
+        kernels = cosine_similarity_matrix(self.network.kernels[:positions])
+        return [PositionPanel(f"{self.stack}: PosNet-Embed kernel similarity", "map", kernels)]
 
 
 class ReluKernelResidual(torch.autograd.Function):
@@ -276,6 +306,26 @@ class PosNetAttention(PositionEncoding):
     backward); other activations use plain autograd.
     """
 
+    title = "PosNet-Attn"
+    reference = "paper 1 Eq. 20/21/23 (positional kernels Eq. 14-17)"
+    citations = (PAPER_1,)
+    hyperparameters = {
+        **POSNET_HYPERPARAMETERS,
+        "posnet_attn_per_head": Hyperparameter(bool, False, "a kernel per head instead of one per layer"),
+        "posnet_attn_share_layers": Hyperparameter(
+            bool, False, "one kernel table for all layers of a stack (and, with posnet_shared, both stacks)"
+        ),
+    }
+    variants = {
+        "per-head-dropout": {"posnet_attn_per_head": True, "posnet_dropout": 0.1},
+        "shared-layers-dropout": {"posnet_attn_share_layers": True, "posnet_dropout": 0.1},
+        "shared-layers-separate-stacks-gelu": {
+            "posnet_attn_share_layers": True,
+            "posnet_shared": False,
+            "posnet_activation": "gelu",
+        },
+    }
+
     def __init__(self, config, stack):
         super().__init__(config, stack)
         self.max_positions = config.max_position_embeddings
@@ -301,7 +351,6 @@ class PosNetAttention(PositionEncoding):
 
     @classmethod
     def check_config(cls, config, stack):
-        check_posnet_config(config, stack)
         if uses_one_kernel_table_per_model(config) and (
             config.encoder_attention_heads != config.decoder_attention_heads
         ):
@@ -348,6 +397,18 @@ class PosNetAttention(PositionEncoding):
         )  # (B, H, k_new, d_k)
         update = nn.functional.dropout(self.activation(kernelled), p=self.dropout, training=self.training)
         return value + update  # (B, H, k_new, d_k)
+
+    def position_panels(self, positions):
+        """Cosine similarity of the kernels of every pair of positions, per table (none for the decoder when it
+        reads the encoder's table)."""
+        if self.uses_encoder_kernels:
+            return []
+        return [
+            PositionPanel(
+                f"{self.stack} table {i}: kernel similarity", "map", cosine_similarity_matrix(k[:positions])
+            )
+            for i, k in enumerate(self.kernels)
+        ]
 
 
 def uses_one_kernel_table_per_model(config) -> bool:

@@ -30,7 +30,7 @@ from torch import nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 from transformers import initialization as init
 
-from .base import ENCODER, PosEncCache, PositionEncoding, check_max_positions
+from .base import ENCODER, PAPER_3, Hyperparameter, PosEncCache, PositionEncoding, check_max_positions
 from .posenc_absolute import marian_sinusoid_table
 
 RNN_CELLS = {"rnn": nn.RNN, "gru": nn.GRU, "lstm": nn.LSTM}
@@ -81,6 +81,27 @@ class RecurrentPositionEncoding(PositionEncoding):
     #: The paper's best d_r for this layout in the base model (Sec. 4.2, Fig. 2).
     paper_rpe_dim: int
 
+    citations = (PAPER_3,)
+    hyperparameters = {
+        "rpe_cell": Hyperparameter(
+            str,
+            "rnn",
+            "f_RNN of Eq. 6 (tanh RNN: the paper's, < 2% extra parameters)",
+            choices=tuple(RNN_CELLS),
+        ),
+        "rpe_dim": Hyperparameter(
+            int | None,
+            None,
+            "d_r, the features given to the RNN; None: the paper's best for the layout, scaled to d_model",
+        ),
+        "rpe_head_projection": Hyperparameter(
+            str,
+            "per_head",
+            "per_head: the first self-attention layer's Q/K/V read only each head's slice; full: Eq. 4",
+            choices=HEAD_PROJECTIONS,
+        ),
+    }
+
     def __init__(self, config, stack):
         super().__init__(config, stack)
         self.num_heads = attention_heads(config, stack)
@@ -125,15 +146,6 @@ class RecurrentPositionEncoding(PositionEncoding):
 
     @classmethod
     def check_config(cls, config, stack):
-        if config.rpe_cell not in RNN_CELLS:
-            raise ValueError(
-                f"rpe_cell={config.rpe_cell!r} is not known; allowed values: {', '.join(RNN_CELLS)}."
-            )
-        if config.rpe_head_projection not in HEAD_PROJECTIONS:
-            raise ValueError(
-                f"rpe_head_projection={config.rpe_head_projection!r} is not known; allowed values: "
-                f"{', '.join(HEAD_PROJECTIONS)}."
-            )
         rpe_dim = cls.resolve_rpe_dim(config, stack)
         if not 0 < rpe_dim < config.d_model:
             raise ValueError(
@@ -208,6 +220,20 @@ class RPEHeadPositionEncoding(RecurrentPositionEncoding):
 
     name = "rpe_head"
     paper_rpe_dim = 320
+    title = "RPEHead"
+    reference = "paper 3 Eq. 6-8"
+    variants = {
+        "gru": {"rpe_cell": "gru"},
+        "lstm-full": {"rpe_cell": "lstm", "rpe_head_projection": "full"},
+        "decoder-gru": {"encoder_position_encoding": "sinusoidal", "rpe_cell": "gru"},
+    }
+    comparison_rows = {
+        "recurrent": {
+            "rpe_head@encoder": {"decoder_position_encoding": "sinusoidal"},
+            "rpe_head@decoder": {"encoder_position_encoding": "sinusoidal"},
+            "rpe_head": None,
+        }
+    }
 
     @classmethod
     def rpe_dim_granule(cls, num_heads, head_dim):
@@ -222,6 +248,20 @@ class MPRHeadPositionEncoding(RecurrentPositionEncoding):
 
     name = "mpr_head"
     paper_rpe_dim = 256
+    title = "MPRHead"
+    reference = "paper 3 Eq. 6, 9-11"
+    variants = {
+        "lstm": {"rpe_cell": "lstm"},
+        "full": {"rpe_head_projection": "full"},
+        "encoder-only": {"decoder_position_encoding": "sinusoidal"},
+    }
+    comparison_rows = {
+        "recurrent": {
+            "mpr_head@encoder": {"decoder_position_encoding": "sinusoidal"},
+            "mpr_head@decoder": {"encoder_position_encoding": "sinusoidal"},
+            "mpr_head": None,
+        }
+    }
 
     @classmethod
     def rpe_dim_granule(cls, num_heads, head_dim):

@@ -26,7 +26,16 @@ import torch
 from torch import nn
 from transformers import initialization as init
 
-from .base import ENCODER, PositionContext, PositionEncoding, causal_mask
+from .base import (
+    ENCODER,
+    PAPER_1,
+    Hyperparameter,
+    PositionContext,
+    PositionEncoding,
+    PositionPanel,
+    causal_mask,
+    cosine_similarity_matrix,
+)
 
 
 def relative_distances(context: PositionContext) -> torch.Tensor:
@@ -51,11 +60,15 @@ def stack_heads_layers(config, stack: str) -> tuple[int, int]:
     return config.decoder_attention_heads, config.decoder_layers
 
 
-def require_positive(config, *fields: str) -> None:
-    for field in fields:
-        value = getattr(config, field)
-        if value <= 0:
-            raise ValueError(f"{field}={value} must be a positive integer.")
+SHAW = "Shaw, Uszkoreit, Vaswani 2018. Self-Attention with Relative Position Representations. NAACL."
+T5 = "Raffel et al. 2020. Exploring the Limits of Transfer Learning with a Unified Text-to-Text Transformer. JMLR."
+# Small clipping and bucket settings, so that clipped Shaw distances and T5's logarithmic buckets are reached
+# within the conformance suite's test lengths.
+SHORT_RANGE = {
+    "max_relative_position": 2,
+    "relative_attention_num_buckets": 8,
+    "relative_attention_max_distance": 8,
+}
 
 
 @dataclass(frozen=True)
@@ -227,6 +240,15 @@ class ShawRelativePositionEncoding(PositionEncoding):
     backward pass.
     """
 
+    title = "RPE (Shaw)"
+    reference = "Shaw et al. 2018 Eq. 3-5; paper 1 Table 1 (RPE)"
+    citations = (SHAW, PAPER_1)
+    hyperparameters = {
+        "max_relative_position": Hyperparameter(
+            int, 16, "clipping distance k (Shaw et al. 2018: 16 base, 8 big)", minimum=1
+        ),
+    }
+    variants = {"short-range-decoder": {"encoder_position_encoding": "t5_bias", **SHORT_RANGE}}
     has_custom_attention = True
 
     def __init__(self, config, stack):
@@ -239,15 +261,18 @@ class ShawRelativePositionEncoding(PositionEncoding):
         self.value_tables = nn.Parameter(torch.empty(layers, num_distances, head_dim))  # w^V per layer
         self.reset_parameters()
 
-    @classmethod
-    def check_config(cls, config, stack):
-        require_positive(config, "max_relative_position")
-
     def reset_parameters(self):
         # tensor2tensor initialises the relative embeddings like other embeddings: N(0, d_h^-1/2).
         std = self.key_tables.shape[-1] ** -0.5
         init.normal_(self.key_tables, mean=0.0, std=std)
         init.normal_(self.value_tables, mean=0.0, std=std)
+
+    def position_panels(self, positions):
+        """Cosine similarity of the relative key embeddings w^K of every pair of clipped distances, per layer."""
+        return [
+            PositionPanel(f"{self.stack} layer {i}: w^K similarity", "map", cosine_similarity_matrix(table))
+            for i, table in enumerate(self.key_tables)
+        ]
 
     def attend(self, module, query, key, value, attention_mask, context, dropout, need_weights):
         """Eq. 3-5 through `ShawAttentionFunction`, a slice of the batch at a time so that each slice's
@@ -325,6 +350,16 @@ class T5BiasPositionEncoding(PositionEncoding):
     q + k - 1 distinct distances, then one gather to (B|1, H, q, k).
     """
 
+    title = "T5 bias"
+    reference = "Raffel et al. 2020 §2.1"
+    citations = (T5,)
+    hyperparameters = {
+        "relative_attention_num_buckets": Hyperparameter(int, 32, "buckets per stack (T5: 32)", minimum=1),
+        "relative_attention_max_distance": Hyperparameter(
+            int, 128, "distance where the last bucket starts (T5: 128)", minimum=1
+        ),
+    }
+    variants = {"short-range-decoder": {"encoder_position_encoding": "shaw", **SHORT_RANGE}}
     score_bias_shared_by_layers = True
 
     def __init__(self, config, stack):
@@ -338,7 +373,6 @@ class T5BiasPositionEncoding(PositionEncoding):
 
     @classmethod
     def check_config(cls, config, stack):
-        require_positive(config, "relative_attention_num_buckets", "relative_attention_max_distance")
         # the smallest exact region is num_buckets / 4 (bidirectional) and must hold distance 0 and 1
         if config.relative_attention_num_buckets < 8 or config.relative_attention_num_buckets % 4:
             raise ValueError(
@@ -380,6 +414,23 @@ class AdaptiveT5PositionEncoding(PositionEncoding):
     (an assumption: the paper's restatement only says "max length").
     """
 
+    title = "Adaptive-T5"
+    reference = "Wu et al. 2021; paper 1 Table 1"
+    citations = (
+        "Wu, Zhang, Mao, Chen 2021. On Scalar Embedding of Relative Positions in Attention Models. AAAI.",
+        PAPER_1,
+    )
+    hyperparameters = {
+        "adaptive_t5_hidden_sizes": Hyperparameter(
+            list[int] | tuple[int, ...], (32, 4), "MLP widths l1, l2 (the authors' MT setup: 32, 4)"
+        ),
+        "adaptive_t5_max_length": Hyperparameter(int, 1024, "L in alpha_h = ReLU(a_h) / L", minimum=1),
+        "adaptive_t5_every_layer": Hyperparameter(
+            bool, False, "a bias in every layer instead of the first only"
+        ),
+    }
+    variants = {"every-layer": {"adaptive_t5_every_layer": True}}
+
     def __init__(self, config, stack):
         super().__init__(config, stack)
         heads, layers = stack_heads_layers(config, stack)
@@ -401,7 +452,6 @@ class AdaptiveT5PositionEncoding(PositionEncoding):
 
     @classmethod
     def check_config(cls, config, stack):
-        require_positive(config, "adaptive_t5_max_length")
         sizes = config.adaptive_t5_hidden_sizes
         if len(sizes) != 2 or min(sizes) <= 0:
             raise ValueError(f"adaptive_t5_hidden_sizes={sizes} must be two positive integers (l1, l2).")
@@ -467,6 +517,9 @@ class AlibiPositionEncoding(PositionEncoding):
     the stack computes it once per forward (`stack_score_mask`).
     """
 
+    title = "ALiBi"
+    reference = "Press et al. 2022 §3 (symmetric encoder form: ours)"
+    citations = ("Press, Smith, Lewis 2022. Train Short, Test Long: Attention with Linear Biases. ICLR.",)
     score_bias_shared_by_layers = True
 
     def __init__(self, config, stack):
@@ -496,6 +549,13 @@ class RotaryPositionEncoding(PositionEncoding):
     features. theta = `rope_theta` (10000). Applied to self-attention queries and keys only; keys are
     rotated before they enter the cache, so each decoding step rotates its own query and key.
     """
+
+    title = "RoPE"
+    reference = "Su et al. 2021 Eq. 13-16"
+    citations = ("Su et al. 2021. RoFormer: Enhanced Transformer with Rotary Position Embedding.",)
+    hyperparameters = {
+        "rope_theta": Hyperparameter(float, 10000.0, "base of the rotation frequencies (RoFormer)")
+    }
 
     def __init__(self, config, stack):
         super().__init__(config, stack)

@@ -1,8 +1,8 @@
 """The conformance suite every positional module passes.
 
-Variants are generated from the registries: every position encoding (in both stacks) and every token mixer
-at every site it allows, plus the rows of EXTRA_VARIANTS for module options. A new registry name is
-tested without touching this file; a new option gets one row in EXTRA_VARIANTS.
+Variants come from the registries (`hf_posenc.pipeline.systems.conformance_variants`): every position
+encoding in both stacks, every token mixer at every site it allows, and every option set a module class lists
+in its `variants`. A new registry name or variant is tested without touching this file.
 """
 
 import json
@@ -14,110 +14,10 @@ import pytest
 import torch
 from conftest import PAD, VOCAB, source_batch, target_batch, tiny_model
 
-from hf_posenc import POSITION_ENCODINGS, TOKEN_MIXERS
+from hf_posenc import POSITION_ENCODINGS
+from hf_posenc.pipeline.systems import conformance_variants
 
-# Module options that deserve their own conformance run: (id, config overrides).
-EXTRA_VARIANTS: list[tuple[str, dict]] = [
-    (
-        "mixed-encoder-learned-decoder-none",
-        {"encoder_position_encoding": "learned", "decoder_position_encoding": "none"},
-    ),
-    ("rpe_head-gru", {"position_encoding": "rpe_head", "rpe_cell": "gru"}),
-    ("mpr_head-lstm", {"position_encoding": "mpr_head", "rpe_cell": "lstm"}),
-    (
-        "rpe_head-lstm-full",
-        {"position_encoding": "rpe_head", "rpe_cell": "lstm", "rpe_head_projection": "full"},
-    ),
-    ("mpr_head-full", {"position_encoding": "mpr_head", "rpe_head_projection": "full"}),
-    (
-        "encoder-mpr_head-decoder-sinusoidal",
-        {"encoder_position_encoding": "mpr_head", "decoder_position_encoding": "sinusoidal"},
-    ),
-    (
-        "encoder-sinusoidal-decoder-rpe_head-gru",
-        {
-            "encoder_position_encoding": "sinusoidal",
-            "decoder_position_encoding": "rpe_head",
-            "rpe_cell": "gru",
-        },
-    ),
-    ("posnet_embed-separate-stacks", {"position_encoding": "posnet_embed", "posnet_shared": False}),
-    (
-        "encoder-sinusoidal-decoder-posnet_embed",
-        {"encoder_position_encoding": "sinusoidal", "decoder_position_encoding": "posnet_embed"},
-    ),
-    (
-        "posnet_attn-per-head-dropout",
-        {"position_encoding": "posnet_attn", "posnet_attn_per_head": True, "posnet_dropout": 0.1},
-    ),
-    (
-        "rposnet-everywhere-precomputed",
-        {
-            "encoder_self_attention": "rposnet",
-            "decoder_self_attention": "rposnet",
-            "cross_attention": "rposnet",
-            "rposnet_length_ratio": 1.3,
-            "position_attention_precomputed": True,
-        },
-    ),
-    (
-        "aposnet-precomputed-ungated",
-        {
-            "encoder_self_attention": "aposnet",
-            "cross_attention": "aposnet",
-            "position_attention_precomputed": True,
-            "posnet_gating": False,
-        },
-    ),
-    ("attention-gated", {"attention_gating": True}),
-    (  # clipped Shaw distances and T5's logarithmic buckets are reached within the test lengths
-        "encoder-t5_bias-decoder-shaw-short-range",
-        {
-            "encoder_position_encoding": "t5_bias",
-            "decoder_position_encoding": "shaw",
-            "max_relative_position": 2,
-            "relative_attention_num_buckets": 8,
-            "relative_attention_max_distance": 8,
-        },
-    ),
-    (
-        "encoder-shaw-decoder-t5_bias-short-range",
-        {
-            "encoder_position_encoding": "shaw",
-            "decoder_position_encoding": "t5_bias",
-            "max_relative_position": 2,
-            "relative_attention_num_buckets": 8,
-            "relative_attention_max_distance": 8,
-        },
-    ),
-    ("adaptive_t5-every-layer", {"position_encoding": "adaptive_t5", "adaptive_t5_every_layer": True}),
-    (
-        "posnet_attn-shared-layers-dropout",
-        {"position_encoding": "posnet_attn", "posnet_attn_share_layers": True, "posnet_dropout": 0.1},
-    ),
-    (
-        "posnet_attn-shared-layers-separate-stacks-gelu",
-        {
-            "position_encoding": "posnet_attn",
-            "posnet_attn_share_layers": True,
-            "posnet_shared": False,
-            "posnet_activation": "gelu",
-        },
-    ),
-]
-
-
-def registry_variants():
-    variants = [(f"pe-{name}", {"position_encoding": name}) for name in POSITION_ENCODINGS]
-    for name, mixer in TOKEN_MIXERS.items():
-        if name == "attention":
-            continue  # the default at every site: covered by every position-encoding variant
-        for site in mixer.allowed_sites:
-            variants.append((f"{site}-{name}", {site: name}))
-    return variants + EXTRA_VARIANTS
-
-
-VARIANTS = registry_variants()
+VARIANTS = conformance_variants()
 VARIANT_IDS = [variant_id for variant_id, _ in VARIANTS]
 VARIANT_OVERRIDES = [overrides for _, overrides in VARIANTS]
 parametrize_variants = pytest.mark.parametrize("overrides", VARIANT_OVERRIDES, ids=VARIANT_IDS)

@@ -1,5 +1,5 @@
-"""hf_posenc.analysis.position_plots draws what each kind of module learned about positions, and nothing for modules
-that learned nothing (fixed tables, rotations, fixed mixers)."""
+"""hf_posenc.analysis.position_plots draws what each kind of module learned about positions, and nothing for
+modules that learned nothing (fixed tables, rotations, fixed mixers)."""
 
 import math
 
@@ -17,7 +17,7 @@ LAYERS, HEADS = 2, 4  # conftest.TINY_FIELDS
     [
         (dict(position_encoding="learned"), 2, "map"),  # one similarity map per stack
         (dict(position_encoding="shaw"), 2 * LAYERS, "map"),  # w^K similarity per layer and stack
-        (dict(position_encoding="t5_bias"), 2 * LAYERS, "curves"),  # bias vs distance per layer and stack
+        (dict(position_encoding="t5_bias"), 2, "curves"),  # bias vs distance, shared by the layers of a stack
         (dict(position_encoding="adaptive_t5"), 2, "curves"),  # first layer only by default
         (dict(position_encoding="posnet_embed"), 1, "map"),  # one module shared by both stacks
         (dict(position_encoding="posnet_attn"), 2 * LAYERS, "map"),  # a kernel table per layer and stack
@@ -32,7 +32,7 @@ LAYERS, HEADS = 2, 4  # conftest.TINY_FIELDS
 )
 def test_each_module_kind_gets_its_panels(overrides, expected_panels, kind, tmp_path):
     panels = position_panels(tiny_model(**overrides), positions=12)
-    assert len(panels) == expected_panels and {panel[1] for panel in panels} == {kind}
+    assert len(panels) == expected_panels and {panel.kind for panel in panels} == {kind}
     assert plot_learned_positions(tiny_model(**overrides), tmp_path / "p.png", positions=12)
     assert (tmp_path / "p.png").stat().st_size > 0
 
@@ -44,11 +44,11 @@ def test_modules_that_learn_nothing_about_positions_draw_nothing(overrides, tmp_
     assert not (tmp_path / "p.png").exists()
 
 
-def test_folded_energies_are_drawn_without_changing_the_model_and_decoder_future_is_blank():
+def test_energies_are_drawn_without_changing_the_model_and_decoder_future_is_blank():
     model = tiny_model(encoder_self_attention="aposnet", decoder_self_attention="aposnet")
     before = {name: p.clone() for name, p in model.named_parameters()}
-    panels = dict((title, data) for title, _, data in position_panels(model, positions=10))
-    assert not model.config.position_attention_precomputed  # folded on a copy
+    panels = {panel.title: panel.data for panel in position_panels(model, positions=10)}
+    assert not model.config.position_attention_precomputed
     assert all(torch.equal(before[name], p) for name, p in model.named_parameters())
     decoder_panel = panels["dec L0 self head 0"]
     assert math.isnan(decoder_panel[0, 1]) and not math.isnan(decoder_panel[1, 0])
