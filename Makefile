@@ -1,17 +1,18 @@
 # Two commands on a fresh machine with only python3: `make train` and `make test` (both create .venv).
+# Variables left empty pass nothing: the recipe (train_scripts/recipes/) and the config decide the defaults.
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 
 RECIPE ?= multi30k-en-de-small
-MODULE ?= sinusoidal
-MINUTES ?= 16
-OUTPUT ?= outputs/$(RECIPE)-$(MODULE)
+MODULE ?=
+MINUTES ?=
+OUTPUT ?=
 ARGS ?=
 THREADS ?= 1
 SYSTEMS ?=
 
-.PHONY: install train train-stock compare test test-all lint bench
+.PHONY: install train train-stock compare test test-all lint bench docs
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -23,16 +24,16 @@ install: $(VENV)/.installed
 
 ## Train + evaluate on the shipped Multi30k, write a Hub-ready folder (MODULE=learned MINUTES=16 RECIPE=... OUTPUT=...)
 train: install
-	$(PY) train_scripts/train.py --recipe $(RECIPE) --position_encoding $(MODULE) --minutes $(MINUTES) \
-		--output_dir $(OUTPUT) $(ARGS)
+	$(PY) train_scripts/train.py --recipe $(RECIPE) $(if $(MODULE),--position_encoding $(MODULE)) \
+		$(if $(MINUTES),--minutes $(MINUTES)) $(if $(OUTPUT),--output_dir $(OUTPUT)) $(ARGS)
 
-## The baseline: stock transformers.MarianMTModel + plain Seq2SeqTrainer, same data, budget and evaluation
+## The baseline: stock transformers.MarianMTModel with the Trainer's own sentence batches, same data, budget, evaluation
 train-stock: install
 	$(PY) train_scripts/train.py --recipe $(RECIPE) --architecture stock_marian --learning_rate 7e-4 \
-		--minutes $(MINUTES) --output_dir outputs/$(RECIPE)-stock-marian $(ARGS)
+		--precision fp32 --per_device_train_batch_size 64 $(if $(MINUTES),--minutes $(MINUTES)) \
+		--output_dir $(or $(OUTPUT),outputs/$(RECIPE)-stock-marian) $(ARGS)
 
-## Every positional module trained and scored under one recipe, budget and seeds -> docs/results.md
-## (CPU default: tiny recipe, 300 updates, seeds 1 2; resumable. ARGS="--tables main --pairs en-de en-fr ...")
+## Every positional module trained and scored under one recipe, budget and seeds -> docs/results.md (resumable)
 compare: install
 	$(PY) train_scripts/compare.py $(ARGS)
 
@@ -48,6 +49,10 @@ lint: install
 	$(VENV)/bin/ruff format --check hf_posenc train_scripts tests benchmarks
 
 ## Speed, memory and decoding cost of every registered module vs stock MarianMTModel, as ratios in one process:
-## writes docs/benchmarks.md + docs/benchmarks_*.png (SYSTEMS="marian shaw ..." THREADS=1 ARGS="--device cuda --bf16")
+## writes docs/benchmarks.md + docs/benchmarks_*.png (SYSTEMS="marian shaw ..." THREADS=1 ARGS="--device cuda")
 bench: install
 	$(PY) -m benchmarks.run --threads $(THREADS) $(if $(SYSTEMS),--systems $(SYSTEMS)) $(ARGS)
+
+## Regenerate the tables docs/ derives from the code (recipes, module hyperparameters)
+docs: install
+	$(PY) train_scripts/reference_tables.py

@@ -55,14 +55,17 @@ def positions_from_padding_mask(attention_mask: torch.Tensor | None, length: int
     return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)  # (B, L)
 
 
-def check_max_positions(context: "PositionContext", max_positions: int, module_name: str) -> None:
-    """Bounded tables raise a clear error instead of an IndexError deep inside `nn.Embedding`."""
+def check_max_positions(
+    context: "PositionContext", max_positions: int, module_name: str, field: str = "max_position_embeddings"
+) -> None:
+    """Bounded tables raise a clear error instead of an IndexError deep inside `nn.Embedding`; `field` is the
+    config field that sizes the table."""
     longest = context.position_count
     if longest > max_positions:
         raise ValueError(
             f"Sequence of {longest} positions is longer than the {max_positions} positions of the "
-            f"'{module_name}' table (config.max_position_embeddings={max_positions}); shorten the input or "
-            "build the model with a larger max_position_embeddings."
+            f"'{module_name}' table (config.{field}={max_positions}); shorten the input or "
+            f"build the model with a larger {field}."
         )
 
 

@@ -9,9 +9,10 @@ rather than deep inside torch.
 """
 
 import dataclasses
+import difflib
 
 from huggingface_hub.dataclasses import strict
-from transformers import MarianConfig
+from transformers import GenerationConfig, MarianConfig
 
 from .base import ATTENTION_SITES, STACKS, Hyperparameter
 from .registry import POSITION_ENCODINGS, TOKEN_MIXERS
@@ -26,6 +27,15 @@ def module_hyperparameters() -> dict[str, Hyperparameter]:
             if declared.setdefault(name, hyperparameter) is not hyperparameter:
                 raise TypeError(f"hyperparameter {name!r} is declared differently by {module.__name__}")
     return declared
+
+
+# Keys a config may carry besides its fields: written by save_pretrained and the Hub, or handled by
+# PreTrainedConfig itself (generation parameters found in old config.json files are dropped there).
+ACCEPTED_EXTRA_KEYS = {
+    "auto_map", "model_type", "name_or_path", "transformers_version", "torch_dtype", "output_attentions",
+    "attn_implementation", "experts_implementation", "_commit_hash", "num_labels",
+    *GenerationConfig._get_default_generation_params(),
+}  # fmt: skip
 
 
 def check_choice(field: str, value, allowed) -> None:
@@ -85,6 +95,18 @@ class MarianPosEncConfig(MarianConfig, ModuleHyperparameters):
     cross_attention: str = "attention"
 
     def __post_init__(self, **kwargs):
+        unknown = sorted(set(kwargs) - ACCEPTED_EXTRA_KEYS - {"position_encoding"})
+        if unknown:
+            fields = [f.name for f in dataclasses.fields(self)]
+            hints = {name: difflib.get_close_matches(name, fields, n=1) for name in unknown}
+            raise ValueError(
+                "unknown MarianPosEncConfig fields: "
+                + ", ".join(
+                    f"{name!r}" + (f" (did you mean {hint[0]!r}?)" if hint else "")
+                    for name, hint in hints.items()
+                )
+                + "; fields are Marian's, the module choices and the module hyperparameters (docs/architecture.md)."
+            )
         shorthand = kwargs.pop("position_encoding", None)
         if shorthand is not None:
             self.encoder_position_encoding = shorthand
@@ -99,14 +121,19 @@ class MarianPosEncConfig(MarianConfig, ModuleHyperparameters):
 
     def check_choices(self) -> None:
         """Raise a ValueError naming the bad value and the allowed ones (runs before any model is built)."""
+        for name in ("vocab_size", "d_model", "max_position_embeddings", "encoder_layers", "decoder_layers",
+                     "encoder_ffn_dim", "decoder_ffn_dim"):  # fmt: skip
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name}={getattr(self, name)} must be a positive integer.")
+        for name in ("dropout", "attention_dropout", "activation_dropout"):
+            if not 0.0 <= getattr(self, name) < 1.0:
+                raise ValueError(f"{name}={getattr(self, name)} must be in [0, 1).")
         for stack in STACKS:
             heads = getattr(self, f"{stack}_attention_heads")
             if heads <= 0 or self.d_model % heads:
                 raise ValueError(
                     f"d_model={self.d_model} must be divisible by {stack}_attention_heads={heads}."
                 )
-        if self.max_position_embeddings <= 0:
-            raise ValueError(f"max_position_embeddings={self.max_position_embeddings} must be positive.")
         for name, hyperparameter in module_hyperparameters().items():
             hyperparameter.check(name, getattr(self, name))
         for site in ATTENTION_SITES:

@@ -15,6 +15,7 @@ positions. With `"sinusoidal"` + `"attention"` the model reproduces `MarianMTMod
 `from_marian` converts stock checkpoints.
 """
 
+import dataclasses
 import math
 
 import torch
@@ -53,6 +54,8 @@ from .registry import POSITION_ENCODINGS, TOKEN_MIXERS
 logger = logging.get_logger(__name__)
 
 MAX_NEW_TOKENS_OVER_SOURCE = 50  # paper 1 decodes up to source length + 50 tokens
+# Paper 1's evaluation (§4.1): beam 4, length penalty 0.6; the saved generation config of every model.
+PAPER_1_DECODING = {"num_beams": 4, "length_penalty": 0.6}
 
 
 def shift_tokens_right(labels: torch.Tensor, pad_token_id: int, decoder_start_token_id: int) -> torch.Tensor:
@@ -461,7 +464,7 @@ class MarianPosEncForConditionalGeneration(MarianPosEncPreTrainedModel, Generati
         self.lm_head = nn.Linear(config.d_model, config.vocab_size, bias=False)
         self.post_init()
         # Paper 1's evaluation setting: beam 4, length penalty 0.6, up to source length + 50 new tokens.
-        self.generation_config.update(num_beams=4, length_penalty=0.6, bad_words_ids=[[config.pad_token_id]])
+        self.generation_config.update(**PAPER_1_DECODING, bad_words_ids=[[config.pad_token_id]])
         self.generation_config.max_new_tokens_over_source = MAX_NEW_TOKENS_OVER_SOURCE
         self.generation_config._from_model_config = False  # a deliberate config: keep it on save/load
 
@@ -566,15 +569,13 @@ class MarianPosEncForConditionalGeneration(MarianPosEncPreTrainedModel, Generati
         parameters the stock model has keep their trained values, new ones (a learned table, a relative
         bias, a new mixer) are initialised, and Marian's sinusoid table is dropped (ours is rebuilt).
         """
-        from transformers import MarianMTModel
+        from transformers import MarianConfig, MarianMTModel
 
         marian = model_or_path
         if not isinstance(marian, MarianMTModel):
             marian = MarianMTModel.from_pretrained(model_or_path)
-        fields = marian.config.to_dict()
-        for key in ("model_type", "architectures", "transformers_version", "auto_map", "_name_or_path"):
-            fields.pop(key, None)
-        fields.pop("dtype", None)
+        known = {field.name for field in dataclasses.fields(MarianConfig)} - {"architectures", "dtype"}
+        fields = {key: value for key, value in marian.config.to_dict().items() if key in known}
         config = MarianPosEncConfig(**{**fields, **overrides})
         model = cls(config)
         state = {k: v for k, v in marian.state_dict().items() if not k.endswith("embed_positions.weight")}

@@ -21,7 +21,9 @@ Deviations from the reference code (github vesterchang/interpret_positional_enco
   The reference left-padded sources and indexed by column, so a token's kernel depended on the batch padding.
 * The reference applies PosNet to the embeddings *after* the embedding dropout; here `embed` runs before the
   stack's dropout (the model's one place for it), so the dropout acts on PosNet's output instead.
-* `max_position_embeddings` sets L_max (the reference hard-codes 512), and a longer input raises a ValueError.
+* The kernel tables hold `posnet_embed_max_positions` / `posnet_attn_max_positions` positions (default
+  `max_position_embeddings`; the reference hard-codes 512, paper 1 Table 1's counts imply 200 and 252, see
+  docs/posnet.md), and a longer input raises a ValueError.
 """
 
 import math
@@ -165,7 +167,7 @@ class PositionalKernelNetwork(nn.Module):
     def __init__(self, config):
         super().__init__()
         self.config = config
-        self.max_positions = config.max_position_embeddings
+        self.max_positions = config.posnet_embed_max_positions or config.max_position_embeddings
         self.activation = ACT2FN[config.posnet_activation]
         self.dropout = config.posnet_dropout
         self.down = nn.Parameter(torch.empty(config.d_model, config.posnet_dim))  # W1
@@ -179,7 +181,7 @@ class PositionalKernelNetwork(nn.Module):
         init.normal_(self.kernels, std=kernel_std(self.max_positions, self.config.posnet_dim))
 
     def forward(self, inputs: torch.Tensor, context: PositionContext) -> torch.Tensor:
-        check_max_positions(context, self.max_positions, "posnet_embed")
+        check_max_positions(context, self.max_positions, "posnet_embed", "posnet_embed_max_positions")
         projected = (inputs @ self.down).unsqueeze(2)  # (B, L, 1, d_p)
         kernelled = position_kernel_product(
             projected, self.kernels, context.query_positions, context.query_span
@@ -202,15 +204,26 @@ class PosNetEmbedding(PositionEncoding):
     hyperparameters = {
         **POSNET_HYPERPARAMETERS,
         "posnet_dim": Hyperparameter(int, 128, "d_p of Eq. 24 (paper 1 §5: 128 base, 256 big)", minimum=1),
+        "posnet_embed_max_positions": Hyperparameter(
+            int | None, None, "L of the kernel table Φ; None: max_position_embeddings", minimum=1
+        ),
     }
     variants = {
         "separate-stacks": {"posnet_shared": False},
         "decoder-only": {"encoder_position_encoding": "sinusoidal"},
     }
+    # paper 1 Fig. 3: d_p of PosNet-Embed on the validation set (128 is the main system)
+    comparison_rows = {
+        "posnet_dim": {
+            **{f"posnet_embed-dp{dim}": {"posnet_dim": dim} for dim in (32, 64, 96)},
+            "posnet_embed": None,
+            "posnet_embed-dp256": {"posnet_dim": 256},
+        }
+    }
 
     def __init__(self, config, stack):
         super().__init__(config, stack)
-        self.max_positions = config.max_position_embeddings
+        self.max_positions = config.posnet_embed_max_positions or config.max_position_embeddings
         self.uses_encoder_network = (
             stack == DECODER and config.posnet_shared and config.encoder_position_encoding == "posnet_embed"
         )
@@ -297,10 +310,10 @@ class PosNetAttention(PositionEncoding):
     """PosNet-Attn (paper 1 Eq. 20/23): self-attention values v_j -> Dropout(σ(v_j φ_j)) + v_j.
 
     Kernel tables `kernels[t]` ∈ R^{L_max × K × d_k × d_k} with K = 1 (shared by the heads, the paper's
-    single-head notation) or K = heads (`posnet_attn_per_head`): one table per self-attention layer, or, with
-    `posnet_attn_share_layers`, one table for all layers of the stack, which the decoder takes from the
-    encoder when `posnet_shared` is also set and both stacks use PosNet-Attn (one table for the whole model,
-    as paper 1 Table 1's parameter count implies). Cross-attention gets no kernels (the model passes it no
+    single-head notation) or K = heads (`posnet_attn_per_head`). By default (`posnet_attn_share_layers`,
+    `posnet_shared`) one table serves every self-attention layer of both stacks: the model paper 1 Table 1
+    counts (+1.03M over SAPE in the base model = 252 × 64²); the decoder takes the encoder's table.
+    `posnet_attn_share_layers=False` gives each layer its own table. Cross-attention gets no kernels (the model passes it no
     position encoding). The check against L_max runs once per forward, in `embed`, which otherwise leaves the
     embeddings unchanged. With σ = ReLU the transform runs through `ReluKernelResidual` (memory-lean
     backward); other activations use plain autograd.
@@ -313,22 +326,24 @@ class PosNetAttention(PositionEncoding):
         **POSNET_HYPERPARAMETERS,
         "posnet_attn_per_head": Hyperparameter(bool, False, "a kernel per head instead of one per layer"),
         "posnet_attn_share_layers": Hyperparameter(
-            bool, False, "one kernel table for all layers of a stack (and, with posnet_shared, both stacks)"
+            bool,
+            True,
+            "one kernel table for all layers of a stack (and, with posnet_shared, both stacks): the model "
+            "paper 1 Table 1 counts; False: one table per layer",
+        ),
+        "posnet_attn_max_positions": Hyperparameter(
+            int | None, None, "L of the kernel table; None: max_position_embeddings", minimum=1
         ),
     }
     variants = {
         "per-head-dropout": {"posnet_attn_per_head": True, "posnet_dropout": 0.1},
-        "shared-layers-dropout": {"posnet_attn_share_layers": True, "posnet_dropout": 0.1},
-        "shared-layers-separate-stacks-gelu": {
-            "posnet_attn_share_layers": True,
-            "posnet_shared": False,
-            "posnet_activation": "gelu",
-        },
+        "per-layer-dropout": {"posnet_attn_share_layers": False, "posnet_dropout": 0.1},
+        "separate-stacks-gelu": {"posnet_shared": False, "posnet_activation": "gelu"},
     }
 
     def __init__(self, config, stack):
         super().__init__(config, stack)
-        self.max_positions = config.max_position_embeddings
+        self.max_positions = config.posnet_attn_max_positions or config.max_position_embeddings
         self.activation = ACT2FN[config.posnet_activation]
         self.lean_relu = config.posnet_activation == "relu"
         self.dropout = config.posnet_dropout
@@ -383,7 +398,7 @@ class PosNetAttention(PositionEncoding):
         return self.kernels[0 if self.share_layers else layer_idx]
 
     def embed(self, inputs_embeds, context, padding_mask, cache):
-        check_max_positions(context, self.max_positions, "posnet_attn")
+        check_max_positions(context, self.max_positions, "posnet_attn", "posnet_attn_max_positions")
         return inputs_embeds
 
     def transform_values(self, layer_idx, value, value_positions, value_span=None):

@@ -13,18 +13,13 @@ import argparse
 from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 
 import hf_posenc  # noqa: F401  (registers the Auto classes)
-from hf_posenc.pipeline.averaging import average_state_dicts, select_checkpoints
+from hf_posenc.pipeline.averaging import average_into, select_checkpoints
 
 
 def average_into_folder(checkpoints_dir, output_dir, last=None, best=None):
     chosen = select_checkpoints(checkpoints_dir, last=last, best=best)
     model = AutoModelForSeq2SeqLM.from_pretrained(chosen[-1])
-    state = average_state_dicts(chosen)
-    missing, unexpected = model.load_state_dict(state, strict=False)
-    tied = set(getattr(model, "_tied_weights_keys", None) or {})
-    if unexpected or set(missing) - tied:
-        raise ValueError(f"averaged tensors do not fit the model: missing {missing}, unexpected {unexpected}")
-    model.tie_weights()
+    average_into(model, chosen)
     model.save_pretrained(output_dir)
     AutoTokenizer.from_pretrained(chosen[-1]).save_pretrained(output_dir)
     return chosen

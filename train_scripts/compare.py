@@ -39,146 +39,15 @@ from hf_posenc.analysis.position_plots import plot_learned_positions
 from hf_posenc.analysis.word_order_probe import word_order_probe
 from hf_posenc.pipeline.data import read_lines, read_split
 from hf_posenc.pipeline.evaluation import ngram_sweep, paired_bootstrap, plot_ngram_sweep
+from hf_posenc.pipeline.systems import BASELINE, TABLE_TITLES, System, comparison_tables
 
 logger = logging.getLogger("compare")
 REPO = Path(__file__).resolve().parents[1]
-BASELINE = "sinusoidal"
 NOTES_MARKER = "<!-- Everything below this line is kept when train_scripts/compare.py rewrites this file. -->"
 
 
-def both_self_attention_sites(mixer: str) -> list[str]:
-    return ["--encoder_self_attention", mixer, "--decoder_self_attention", mixer]
-
-
-def rposnet_at(*sites: str) -> list[str]:
-    return [argument for site in sites for argument in (f"--{site}", "rposnet")] + [
-        "--position_encoding",
-        "learned",
-    ]
-
-
-def overrides(**fields) -> list[str]:
-    return ["--config_overrides", json.dumps(fields)]
-
-
-# system name -> train.py arguments on top of the recipe (content attention and sinusoidal unless changed)
-SYSTEMS: dict[str, list[str]] = {
-    # paper 1 Table 1 and the relative schemes of issue 3
-    "none": ["--position_encoding", "none"],
-    "sinusoidal": ["--position_encoding", "sinusoidal"],
-    "learned": ["--position_encoding", "learned"],
-    "shaw": ["--position_encoding", "shaw"],
-    "t5_bias": ["--position_encoding", "t5_bias"],
-    "adaptive_t5": ["--position_encoding", "adaptive_t5"],
-    "alibi": ["--position_encoding", "alibi"],
-    "rope": ["--position_encoding", "rope"],
-    "posnet_embed": ["--position_encoding", "posnet_embed"],
-    "posnet_attn": ["--position_encoding", "posnet_attn"],
-    # paper 3
-    "rpe_head": ["--position_encoding", "rpe_head"],
-    "mpr_head": ["--position_encoding", "mpr_head"],
-    "rpe_head@encoder": [
-        "--encoder_position_encoding",
-        "rpe_head",
-        "--decoder_position_encoding",
-        "sinusoidal",
-    ],
-    "rpe_head@decoder": [
-        "--encoder_position_encoding",
-        "sinusoidal",
-        "--decoder_position_encoding",
-        "rpe_head",
-    ],
-    "mpr_head@encoder": [
-        "--encoder_position_encoding",
-        "mpr_head",
-        "--decoder_position_encoding",
-        "sinusoidal",
-    ],
-    "mpr_head@decoder": [
-        "--encoder_position_encoding",
-        "sinusoidal",
-        "--decoder_position_encoding",
-        "mpr_head",
-    ],
-    # paper 2 Table 2 (self-attention sites; input embeddings as its §5.2: rPosNet learned, others sinusoidal)
-    "aposnet": both_self_attention_sites("aposnet"),
-    "rposnet": rposnet_at("encoder_self_attention", "decoder_self_attention"),
-    "fourier": ["--encoder_self_attention", "fourier"],
-    "gaussian": both_self_attention_sites("gaussian"),
-    "linear": both_self_attention_sites("linear"),
-    "glinear": both_self_attention_sites("glinear"),
-    "lightconv": both_self_attention_sites("lightconv"),
-    # paper 2 Table 6: gating on/off
-    "attention+gating": overrides(attention_gating=True),
-    "aposnet-no-gating": both_self_attention_sites("aposnet") + overrides(posnet_gating=False),
-    "rposnet-no-gating": rposnet_at("encoder_self_attention", "decoder_self_attention")
-    + overrides(posnet_gating=False),
-    # paper 2 Table 5: rPosNet placement (ES encoder self, DS decoder self, C cross-attention)
-    "rposnet@ES": rposnet_at("encoder_self_attention"),
-    "rposnet@DS": rposnet_at("decoder_self_attention"),
-    "rposnet@C": rposnet_at("cross_attention"),
-    "rposnet@ES+C": rposnet_at("encoder_self_attention", "cross_attention"),
-    "rposnet@DS+C": rposnet_at("decoder_self_attention", "cross_attention"),
-    "rposnet@ES+DS+C": rposnet_at("encoder_self_attention", "decoder_self_attention", "cross_attention"),
-}
-
-# table -> (title, systems); the baseline is in every table
-TABLES: dict[str, tuple[str, list[str]]] = {
-    "main": (
-        "Every module (paper 1 Table 1, paper 2 Table 2, paper 3 Table 1)",
-        [
-            "none",
-            "sinusoidal",
-            "learned",
-            "shaw",
-            "t5_bias",
-            "adaptive_t5",
-            "alibi",
-            "rope",
-            "posnet_embed",
-            "posnet_attn",
-            "rpe_head",
-            "mpr_head",
-            "aposnet",
-            "rposnet",
-            "fourier",
-            "gaussian",
-            "linear",
-            "glinear",
-            "lightconv",
-        ],
-    ),  # fmt: skip
-    "gating": (
-        "Gating on and off (paper 2 Table 6)",
-        ["sinusoidal", "attention+gating", "aposnet", "aposnet-no-gating", "rposnet", "rposnet-no-gating"],
-    ),
-    "placement": (
-        "rPosNet placement (paper 2 Table 5; ES encoder self-, DS decoder self-, C cross-attention)",
-        [
-            "sinusoidal",
-            "rposnet@ES",
-            "rposnet@DS",
-            "rposnet@C",
-            "rposnet",
-            "rposnet@ES+C",
-            "rposnet@DS+C",
-            "rposnet@ES+DS+C",
-        ],
-    ),  # fmt: skip
-    "recurrent": (
-        "Recurrent positional embeddings, encoder/decoder ablation (paper 3)",
-        [
-            "sinusoidal",
-            "rpe_head@encoder",
-            "rpe_head@decoder",
-            "rpe_head",
-            "mpr_head@encoder",
-            "mpr_head@decoder",
-            "mpr_head",
-        ],
-    ),  # fmt: skip
-}
+TABLES = comparison_tables()
+SYSTEMS: dict[str, System] = {system.name: system for systems in TABLES.values() for system in systems}
 
 
 @dataclass(frozen=True)
@@ -201,11 +70,15 @@ class Run:
         return root / self.recipe / self.pair / self.system / f"seed{self.seed}"
 
     def arguments(self, root: Path, threads: int, extra: list[str]) -> list[str]:
+        system = SYSTEMS[self.system]
+        training = [
+            argument for name, value in system.training.items() for argument in (f"--{name}", str(value))
+        ]
         return [
             "--recipe", self.recipe, "--source_lang", self.source_lang, "--target_lang", self.target_lang,
             "--max_steps", str(self.max_steps), "--minutes", "0", "--seed", str(self.seed),
             "--threads", str(threads), "--output_dir", str(self.folder(root)), "--examples", "0",
-            *SYSTEMS[self.system], *extra,
+            "--fail_on_degenerate", "false", "--config_overrides", json.dumps(system.overrides), *training, *extra,
         ]  # fmt: skip
 
 
@@ -215,7 +88,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--recipe", default="multi30k-en-de-tiny", help="a train_scripts/recipes name")
     parser.add_argument("--pairs", nargs="+", default=["en-de"], help="language pairs, e.g. en-de en-fr")
-    parser.add_argument("--tables", nargs="+", choices=sorted(TABLES), default=list(TABLES))
+    parser.add_argument("--tables", nargs="+", choices=list(TABLES), default=list(TABLES))
     parser.add_argument(
         "--systems", nargs="+", default=None, help="only these systems (default: the tables')"
     )
@@ -253,7 +126,7 @@ def planned_runs(args) -> list[Run]:
             for table in args.tables:
                 if table != "main" and seed_index >= args.ablation_seeds:
                     continue
-                for system in TABLES[table][1]:
+                for system in (s.name for s in TABLES[table]):
                     run = Run(args.recipe, pair, system, seed, args.max_steps)
                     if (args.systems is None or system in args.systems) and run not in runs:
                         runs.append(run)
@@ -399,7 +272,7 @@ class Report:
             test.source, test.target = test.source[: min(evaluated)], test.target[: min(evaluated)]
         self.lines += [f"## {pair}", ""]
         for table in self.args.tables:
-            title, systems = TABLES[table]
+            title, systems = TABLE_TITLES[table], [s.name for s in TABLES[table]]
             self.table(pair, title, systems, test.target)
         self.probe_table(pair, test.source[: self.args.probe_sentences])
         self.sweep(pair, test.target)
@@ -448,7 +321,7 @@ class Report:
             "| system | BLEU | gap (shuffle) | gap (local swap) | BLEU vs original (shuffle) | BLEU vs original (local swap) |",
             "| --- | --- | --- | --- | --- | --- |",
         ]  # fmt: skip
-        for system in TABLES["main"][1]:
+        for system in (s.name for s in TABLES["main"]):
             runs = self.seeds_of(pair, system)
             if not runs:
                 continue
@@ -463,7 +336,7 @@ class Report:
     def sweep(self, pair: str, references: list[str]) -> None:
         candidates = {
             system: statistics.mean(self.scores(run)["bleu"] for run in runs)
-            for system in TABLES["main"][1]
+            for system in (s.name for s in TABLES["main"])
             if system != BASELINE and (runs := self.seeds_of(pair, system))
         }
         baseline_runs = self.seeds_of(pair, BASELINE)
@@ -486,7 +359,7 @@ class Report:
 
     def pictures(self, pair: str) -> None:
         self.lines += ["### What the models learned about positions", ""]
-        for system in TABLES["main"][1]:
+        for system in (s.name for s in TABLES["main"]):
             runs = self.seeds_of(pair, system)
             if not runs:
                 continue

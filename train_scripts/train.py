@@ -1,170 +1,298 @@
 """Train and evaluate a translation model, and write a Hub-ready folder.
 
-    python train_scripts/train.py                                   # multi30k-en-de-small, sinusoidal
+    python train_scripts/train.py                                   # recipe multi30k-en-de-small, sinusoidal
     python train_scripts/train.py --recipe wmt14-en-de-base --position_encoding learned
-    python train_scripts/train.py --recipe multi30k-en-de-tiny --encoder_self_attention attention --minutes 2
+    python train_scripts/train.py --recipe multi30k-en-de-tiny --encoder_self_attention rposnet --minutes 2
 
-A recipe (`train_scripts/recipes/<name>.yaml`) sets defaults for any flag below; flags on the command line
-win. Steps: read and validate the data (local text files or a `datasets` translation set) -> joint BPE ->
-model -> `Seq2SeqTrainer` (token-budget batches, inverse-sqrt schedule, label smoothing; checkpoints and
-validation perplexity when asked) for a step and/or wall-clock budget -> optional checkpoint averaging ->
-beam-4 decoding of the test set -> sacreBLEU BLEU and chrF++ -> folder with safetensors weights, config +
-model code (`auto_map`), tokenizer, generation config, model card, scores.json and the translations ->
-optional push to the Hub (or a dry run writing exactly the uploaded folder).
+Every setting is a field of one of four dataclasses, parsed by `HfArgumentParser`: `RunArguments` (budget,
+precision, evaluation and export), `DataArguments`, `ModelArguments` (the module choices and model size;
+unset fields keep the defaults of `MarianPosEncConfig`) and transformers' own `Seq2SeqTrainingArguments`
+(any Trainer field: learning rate, schedule, Adam, checkpoints, logging, seed, ...). A recipe
+(`train_scripts/recipes/<name>.yaml`, which may `extends:` another) sets any of them; the command line wins.
 
-`--architecture stock_marian` trains `transformers.MarianMTModel` the standard way (plain
-`Seq2SeqTrainer`, a fixed number of sentences per batch, fp32) on the same data, budget and evaluation.
+Stages: `prepare_data` (read and validate the text, joint BPE, tokenise) -> `build_model` (config from what
+was set, precision and attention backend chosen by measuring this machine) -> `train` (`Seq2SeqTrainer`,
+token-budget batches, time and update budgets, checkpoints) -> `evaluate` (checkpoint averaging, decoding the
+test set with the model's saved generation config, sacreBLEU BLEU and chrF++, a check for degenerate output)
+-> `export` (the Hub folder: weights, config + model code, tokenizer, generation config, model card,
+scores.json, translations; written to a temporary folder and renamed, then pushed if asked).
+
+`--architecture stock_marian` trains `transformers.MarianMTModel` with the Trainer's own sentence batches on
+the same data, budget and evaluation (the baseline of `make train-stock`).
 """
 
-import argparse
-import importlib.util
+import dataclasses
 import json
 import logging
+import os
 import shutil
+import sys
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal
 
 import torch
 import yaml
+from hf_posenc.pipeline.augmentation import concatenate_consecutive
+from hf_posenc.pipeline.hardware import (
+    choose_attention_backend,
+    choose_precision,
+    describe_hardware,
+    matmul_peak_flops,
+    model_flops_per_target_token,
+)
+from hf_posenc.pipeline.progress import BudgetCheckCallback, TrainingProgressCallback
 from transformers import (
     DataCollatorForSeq2Seq,
+    HfArgumentParser,
     MarianConfig,
     MarianMTModel,
-    Seq2SeqTrainer,
     Seq2SeqTrainingArguments,
 )
+from transformers.trainer_callback import ProgressCallback
 
-from hf_posenc import (
-    POSITION_ENCODINGS,
-    TOKEN_MIXERS,
-    MarianPosEncConfig,
-    MarianPosEncForConditionalGeneration,
-)
-from hf_posenc.pipeline.averaging import average_state_dicts, select_checkpoints
+from hf_posenc import MarianPosEncConfig, MarianPosEncForConditionalGeneration
+from hf_posenc.modeling_marian_posenc import PAPER_1_DECODING
+from hf_posenc.pipeline.averaging import average_into, select_checkpoints
 from hf_posenc.pipeline.batching import TokenBudgetBatchSampler
 from hf_posenc.pipeline.data import ParallelText, read_hf_translation, read_parallel, read_split
-from hf_posenc.pipeline.evaluation import score_translations, translate
+from hf_posenc.pipeline.evaluation import degenerate_output, score_translations, translate
 from hf_posenc.pipeline.model_card import MULTI30K_NOTE, write_model_card
 from hf_posenc.pipeline.tokenization import train_joint_bpe
-from hf_posenc.pipeline.training import TimeBudgetCallback, TokenBudgetSeq2SeqTrainer, tokenize_parallel
+from hf_posenc.pipeline.training import (
+    TimeBudgetCallback,
+    TranslationTrainer,
+    tokenize_parallel,
+    translation_metrics,
+)
 
 logger = logging.getLogger("train")
 REPO = Path(__file__).resolve().parents[1]
 RECIPES = REPO / "train_scripts" / "recipes"
-LOCAL_METRIC = REPO / "train_scripts" / "metrics" / "translation_scores"
-DEFAULT_RECIPE = "multi30k-en-de-small"
+
+
+@dataclass
+class RunArguments:
+    recipe: str = field(default="multi30k-en-de-small", metadata={"help": "a train_scripts/recipes name"})
+    description: str = field(default="", metadata={"help": "what the recipe is (set by recipes)"})
+    minutes: float = field(default=0.0, metadata={"help": "wall-clock training budget in minutes (0: none)"})
+    precision: Literal["auto", "bf16", "fp16", "fp32"] = field(
+        default="auto",
+        metadata={"help": "auto: bf16 on CUDA where supported; on CPU only if measured faster"},
+    )
+    threads: int | None = field(default=None, metadata={"help": "torch CPU threads (default: all cores)"})
+    eval_bleu: bool = field(default=False, metadata={"help": "score generated validation translations too"})
+    average_last: int = field(default=0, metadata={"help": "average the last N checkpoints (paper 1)"})
+    average_best: int = field(default=0, metadata={"help": "average the best-perplexity one + N-1 after it"})
+    overwrite_output_dir: bool = field(default=False, metadata={"help": "replace an existing run's folders"})
+    fail_on_degenerate: bool = field(
+        default=True, metadata={"help": "exit non-zero when the translations are degenerate"}
+    )
+    examples: int = field(default=5, metadata={"help": "example translations to print"})
+    hub_dry_run: str | None = field(
+        default=None, metadata={"help": "write the folder that would be uploaded"}
+    )
+
+
+@dataclass
+class DataArguments:
+    """Explicit files win over `hf_dataset`, which wins over the `data_dir` splits."""
+
+    data_dir: str = str(REPO.parent / "shared" / "data" / "multi30k")
+    source_lang: str = "en"
+    target_lang: str = "de"
+    train_split: str = "train"
+    valid_split: str = "val"
+    test_split: str = "test_2016_flickr"
+    train_source: str | None = None
+    train_target: str | None = None
+    valid_source: str | None = None
+    valid_target: str | None = None
+    test_source: str | None = None
+    test_target: str | None = None
+    hf_dataset: str | None = field(default=None, metadata={"help": "training data from `datasets` (online)"})
+    hf_config: str | None = None
+    empty_lines: Literal["error", "skip"] = "error"
+    train_limit: int | None = field(default=None, metadata={"help": "use only the first N training pairs"})
+    test_limit: int | None = field(default=None, metadata={"help": "evaluate only the first N test pairs"})
+    vocab_size: int = field(default=8000, metadata={"help": "joint BPE vocabulary size"})
+    max_length: int = field(default=128, metadata={"help": "longest tokenised training sentence accepted"})
+    max_train_length: int | None = field(
+        default=None, metadata={"help": "train only on pairs of at most N tokens (train short, test long)"}
+    )
+    concat_probability: float = field(
+        default=0.0,
+        metadata={"help": "concatenation augmentation (Varis & Bojar 2021): share of joined pairs"},
+    )
+    max_tokens: int | None = field(
+        default=None,
+        metadata={"help": "padded tokens per batch (None: per_device_train_batch_size sentences)"},
+    )
+
+
+@dataclass
+class ModelArguments:
+    """Unset fields keep the defaults of `MarianPosEncConfig` (and of each module class)."""
+
+    architecture: Literal["marian_posenc", "stock_marian"] = "marian_posenc"
+    position_encoding: str | None = field(default=None, metadata={"help": "both stacks (shorthand)"})
+    encoder_position_encoding: str | None = None
+    decoder_position_encoding: str | None = None
+    encoder_self_attention: str | None = None
+    decoder_self_attention: str | None = None
+    cross_attention: str | None = None
+    d_model: int | None = None
+    layers: int | None = field(default=None, metadata={"help": "encoder and decoder layers each"})
+    heads: int | None = field(default=None, metadata={"help": "attention heads of both stacks"})
+    ffn_dim: int | None = field(default=None, metadata={"help": "feed-forward width of both stacks"})
+    dropout: float | None = None
+    max_position_embeddings: int | None = None
+    config_overrides: str = field(
+        default="{}", metadata={"help": "JSON of further MarianPosEncConfig fields"}
+    )
+    attention_backend: Literal["auto", "eager", "sdpa"] = field(
+        default="auto", metadata={"help": "auto: the faster of eager and sdpa, measured on this machine"}
+    )
+    num_beams: int | None = field(default=None, metadata={"help": "saved in the generation config"})
+    length_penalty: float | None = field(default=None, metadata={"help": "saved in the generation config"})
+
+
+ARGUMENT_CLASSES = (RunArguments, DataArguments, ModelArguments, Seq2SeqTrainingArguments)
+# Trainer fields that --precision decides.
+PRECISION_FIELDS = ("bf16", "fp16")
+
+
+@dataclass
+class Arguments:
+    run: RunArguments
+    data: DataArguments
+    model: ModelArguments
+    training: Seq2SeqTrainingArguments
+
+    @property
+    def checkpoints_dir(self) -> Path:
+        return Path(f"{self.training.output_dir}-checkpoints")
 
 
 def recipe_names() -> list[str]:
     return sorted(path.stem for path in RECIPES.glob("*.yaml"))
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--recipe", default=DEFAULT_RECIPE, help=f"one of: {', '.join(recipe_names())}")
-
-    data = parser.add_argument_group("data (explicit files > hf_dataset > data_dir splits)")
-    data.add_argument("--data_dir", default=str(REPO.parent / "shared" / "data" / "multi30k"))
-    data.add_argument("--source_lang", default="en")
-    data.add_argument("--target_lang", default="de")
-    data.add_argument("--train_split", default="train")
-    data.add_argument("--valid_split", default="val")
-    data.add_argument("--test_split", default="test_2016_flickr")
-    for split in ("train", "valid", "test"):
-        data.add_argument(f"--{split}_source", default=None, help=f"{split} source file (plain or .gz)")
-        data.add_argument(f"--{split}_target", default=None, help=f"{split} target file (plain or .gz)")
-    data.add_argument("--hf_dataset", default=None, help="training data from `datasets` (e.g. wmt14)")
-    data.add_argument("--hf_config", default=None, help="its configuration (e.g. de-en)")
-    data.add_argument("--empty_lines", choices=["error", "skip"], default="error")
-    data.add_argument("--train_limit", type=int, default=None, help="use only the first N training pairs")
-    data.add_argument("--test_limit", type=int, default=None, help="evaluate only the first N test pairs")
-    data.add_argument("--vocab_size", type=int, default=8000)
-
-    model = parser.add_argument_group("model")
-    model.add_argument("--architecture", choices=["marian_posenc", "stock_marian"], default="marian_posenc")
-    model.add_argument("--position_encoding", choices=sorted(POSITION_ENCODINGS), default=None,
-                       help="both stacks (shorthand); default sinusoidal")  # fmt: skip
-    model.add_argument("--encoder_position_encoding", choices=sorted(POSITION_ENCODINGS), default=None)
-    model.add_argument("--decoder_position_encoding", choices=sorted(POSITION_ENCODINGS), default=None)
-    for site in ("encoder_self_attention", "decoder_self_attention", "cross_attention"):
-        model.add_argument(f"--{site}", choices=sorted(TOKEN_MIXERS), default="attention")
-    model.add_argument("--config_overrides", default="{}", help="JSON of further MarianPosEncConfig fields")
-    model.add_argument("--d_model", type=int, default=256)
-    model.add_argument("--layers", type=int, default=3, help="encoder and decoder layers each")
-    model.add_argument("--heads", type=int, default=4)
-    model.add_argument("--ffn_dim", type=int, default=1024)
-    model.add_argument("--dropout", type=float, default=0.1)
-    model.add_argument("--max_length", type=int, default=128, help="longest tokenised sentence accepted")
-
-    train = parser.add_argument_group("training")
-    train.add_argument("--minutes", type=float, default=16.0, help="wall-clock training budget (0: none)")
-    train.add_argument(
-        "--max_steps", type=int, default=1_000_000, help="update budget (whichever ends first)"
-    )
-    train.add_argument("--max_tokens", type=int, default=6000, help="padded tokens per batch (marian_posenc)")
-    train.add_argument("--update_freq", type=int, default=1, help="batches accumulated per update")
-    train.add_argument("--batch_size", type=int, default=64, help="sentences per batch (stock_marian)")
-    train.add_argument("--learning_rate", type=float, default=2e-3)
-    train.add_argument("--warmup_steps", type=int, default=300)
-    train.add_argument("--label_smoothing", type=float, default=0.1)
-    train.add_argument("--precision", choices=["bf16", "fp16", "fp32"], default=None,
-                       help="default: bf16 autocast for marian_posenc, fp32 for stock_marian")  # fmt: skip
-    train.add_argument("--save_steps", type=int, default=0, help="checkpoint every N updates (0: none)")
-    train.add_argument("--eval_steps", type=int, default=0, help="validation perplexity every N updates")
-    train.add_argument(
-        "--eval_bleu", action="store_true", help="also decode the validation set (greedy) and score it"
-    )
-    train.add_argument("--average_last", type=int, default=0, help="average the last N checkpoints")
-    train.add_argument(
-        "--average_best", type=int, default=0, help="average the best-perplexity one + followers"
-    )
-    train.add_argument("--resume_from_checkpoint", default=None, help="a checkpoint folder, or 'last'")
-    train.add_argument("--attention_backend", choices=["auto", "eager", "sdpa"], default="auto",
-                       help="auto: eager for bf16 on CPU (measured ~20%% faster: SDPA's CPU backward is slow), "
-                       "else sdpa; stock_marian keeps transformers' default")  # fmt: skip
-    train.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: all cores)")
-    train.add_argument("--seed", type=int, default=1)
-    train.add_argument("--report_to", default="auto", help="'auto': tensorboard/trackio when installed")
-
-    output = parser.add_argument_group("output")
-    output.add_argument("--output_dir", default=None, help="default outputs/<recipe>-<module>")
-    output.add_argument("--examples", type=int, default=5, help="example translations to print")
-    output.add_argument("--push_to_hub", action="store_true")
-    output.add_argument("--hub_model_id", default=None)
-    output.add_argument("--hub_dry_run", default=None, help="write the folder that would be uploaded here")
-    parser.add_argument("--description", default="", help=argparse.SUPPRESS)
-    return parser
-
-
-def parse_args(argv=None) -> argparse.Namespace:
-    """Command line over recipe over built-in defaults; unknown recipes and recipe keys are errors."""
-    parser = build_parser()
-    recipe_name = parser.parse_known_args(argv)[0].recipe
-    path = RECIPES / f"{recipe_name}.yaml"
+def load_recipe(name: str, seen: tuple[str, ...] = ()) -> dict:
+    """A recipe's settings, those of the recipe it `extends` first; errors name the recipe file."""
+    path = RECIPES / f"{name}.yaml"
     if not path.is_file():
-        parser.error(f"unknown recipe {recipe_name!r}; available: {', '.join(recipe_names())}")
-    recipe = yaml.safe_load(path.read_text()) or {}
+        raise ValueError(f"unknown recipe {name!r}; available: {', '.join(recipe_names())}")
+    if name in seen:
+        raise ValueError(f"recipe {path} extends itself through {' -> '.join(seen)}")
+    try:
+        settings = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    except (yaml.YAMLError, UnicodeDecodeError) as error:
+        raise ValueError(f"recipe {path} is not valid YAML: {error}") from None
+    if not isinstance(settings, dict):
+        raise ValueError(f"recipe {path} must be a mapping of settings, got a {type(settings).__name__}")
+    parent = load_recipe(settings.pop("extends"), (*seen, name)) if "extends" in settings else {}
+    overrides = settings.get("config_overrides", {})
+    if not isinstance(overrides, dict):
+        raise ValueError(f"recipe {path}: config_overrides must be a mapping of MarianPosEncConfig fields")
+    return {**parent, **settings, "config_overrides": {**parent.get("config_overrides", {}), **overrides}}
+
+
+def parse_args(argv=None) -> Arguments:
+    """Command line over recipe over the dataclass defaults; unknown recipes and recipe keys are errors."""
+    parser = HfArgumentParser(ARGUMENT_CLASSES, description=__doc__)
+    parser.set_defaults(output_dir=None)
+    recipe_name = parser.parse_known_args(argv)[0].recipe
+    try:
+        recipe = load_recipe(recipe_name)
+    except ValueError as error:
+        parser.error(str(error))
     known = {action.dest for action in parser._actions}
-    unknown = sorted(set(recipe) - known)
+    unknown = sorted(set(recipe) - known, key=str)
     if unknown:
         parser.error(f"recipe {recipe_name} has unknown keys {unknown}; allowed: {', '.join(sorted(known))}")
+    recipe_overrides = recipe.pop("config_overrides")
     parser.set_defaults(**recipe)
-    args = parser.parse_args(argv)
-    if args.push_to_hub and not args.hub_model_id:
-        parser.error("--push_to_hub needs --hub_model_id")
-    if args.average_last and args.average_best:
-        parser.error("choose one of --average_last and --average_best")
-    if (args.average_last or args.average_best) and not args.save_steps:
-        parser.error("checkpoint averaging needs checkpoints: set --save_steps")
-    if args.eval_bleu and not args.eval_steps:
-        parser.error("--eval_bleu scores the validation set at --eval_steps: set it")
-    if args.average_best and args.eval_steps != args.save_steps:
-        parser.error(
-            "--average_best needs the validation perplexity at every checkpoint: --eval_steps = --save_steps"
-        )
+    run, data, model, training = parser.parse_args_into_dataclasses(argv, look_for_args_file=False)
+    args = Arguments(run, data, model, training)
+    given = set(recipe) | given_flags(argv)
+    check_arguments(parser, args, given, recipe_overrides)
     return args
+
+
+def given_flags(argv) -> set[str]:
+    return {arg[2:].split("=")[0] for arg in (sys.argv[1:] if argv is None else argv) if arg.startswith("--")}
+
+
+def check_arguments(parser, args: Arguments, given: set[str], recipe_overrides: dict) -> None:
+    """Errors for settings whose value alone shows they are wrong, before any data is read; merges the recipe's
+    config_overrides under those of the command line."""
+    run, data, model, training = args.run, args.data, args.model, args.training
+    if given & set(PRECISION_FIELDS):
+        parser.error(
+            f"set the precision with --precision (auto, bf16, fp16, fp32), not --{' --'.join(given & set(PRECISION_FIELDS))}"
+        )
+    if training.push_to_hub and not training.hub_model_id:
+        parser.error("--push_to_hub needs --hub_model_id")
+    if run.average_last and run.average_best:
+        parser.error("choose one of --average_last and --average_best")
+    if (run.average_last or run.average_best) and training.save_strategy != "steps":
+        parser.error("checkpoint averaging needs checkpoints: --save_strategy steps --save_steps N")
+    if run.eval_bleu and training.eval_strategy == "no":
+        parser.error(
+            "--eval_bleu scores the validation set at each evaluation: set --eval_strategy steps --eval_steps N"
+        )
+    if run.average_best and training.eval_steps != training.save_steps:
+        parser.error(
+            "--average_best needs the validation loss at every checkpoint: --eval_steps = --save_steps"
+        )
+    positive = {
+        "--minutes": (run.minutes, 0), "--average_last": (run.average_last, 0), "--average_best": (run.average_best, 0),
+        "--vocab_size": (data.vocab_size, 1), "--max_length": (data.max_length, 1), "--train_limit": (data.train_limit, 1),
+        "--test_limit": (data.test_limit, 1), "--max_train_length": (data.max_train_length, 1),
+        "--max_tokens": (data.max_tokens, 1), "--threads": (run.threads, 1), "--d_model": (model.d_model, 1),
+        "--layers": (model.layers, 1), "--heads": (model.heads, 1), "--ffn_dim": (model.ffn_dim, 1),
+        "--num_beams": (model.num_beams, 1), "--gradient_accumulation_steps": (training.gradient_accumulation_steps, 1),
+        "--save_steps": (training.save_steps, 1), "--eval_steps": (training.eval_steps, 1),
+    }  # fmt: skip
+    for flag, (value, minimum) in positive.items():
+        if value is not None and value < minimum:
+            parser.error(f"{flag}={value} must be at least {minimum}")
+    if training.max_steps == 0 or training.max_steps < -1:
+        parser.error(f"--max_steps={training.max_steps} must be positive (or -1: --num_train_epochs decides)")
+    if not run.minutes and training.max_steps == -1 and training.num_train_epochs <= 0:
+        parser.error("no training budget: set --minutes, --max_steps or a positive --num_train_epochs")
+    if not 0.0 <= data.concat_probability <= 1.0:
+        parser.error(f"--concat_probability={data.concat_probability} must be in [0, 1]")
+    try:
+        overrides = json.loads(model.config_overrides)
+    except json.JSONDecodeError as error:
+        parser.error(f"--config_overrides is not valid JSON ({error}): {model.config_overrides!r}")
+    if not isinstance(overrides, dict):
+        parser.error(
+            f"--config_overrides must be a JSON object of config fields, got {model.config_overrides!r}"
+        )
+    model.config_overrides = json.dumps({**recipe_overrides, **overrides})
+    if model.architecture == "marian_posenc":
+        try:
+            model_config(args, vocab_size=data.vocab_size, pad=0, eos=1)  # validates every model setting now
+        except (ValueError, TypeError) as error:
+            parser.error(f"invalid model settings: {error}")
+    if training.output_dir is None:
+        training.output_dir = str(REPO / "outputs" / f"{run.recipe}-{module_name(args)}")
+
+
+def module_name(args: Arguments) -> str:
+    model = args.model
+    if model.architecture == "stock_marian":
+        return "stock-marian"
+    return (
+        model.position_encoding
+        or model.encoder_position_encoding
+        or model.encoder_self_attention
+        or MarianPosEncConfig().encoder_position_encoding
+    )
 
 
 def repo_path(path: str) -> Path:
@@ -173,71 +301,91 @@ def repo_path(path: str) -> Path:
     return path if path.is_absolute() else REPO / path
 
 
-def load_split(args, split: str, limit=None) -> ParallelText:
-    source, target = getattr(args, f"{split}_source"), getattr(args, f"{split}_target")
+# ----------------------------------------------------------------------------------------------------------
+# Stages
+
+
+@dataclass
+class PreparedData:
+    tokenizer: object
+    train: object  # datasets.Dataset with input_ids, labels, length
+    valid: object | None
+    test: ParallelText
+    train_text: ParallelText
+
+
+def load_split(data: DataArguments, split: str, limit=None) -> ParallelText:
+    source, target = getattr(data, f"{split}_source"), getattr(data, f"{split}_target")
     if (source is None) != (target is None):
         raise ValueError(f"--{split}_source and --{split}_target go together (got {source!r}, {target!r})")
     if source is not None:
-        return read_parallel(repo_path(source), repo_path(target), empty_lines=args.empty_lines, limit=limit)
-    if split == "train" and args.hf_dataset:
-        return read_hf_translation(args.hf_dataset, args.hf_config, "train", args.source_lang, args.target_lang,
-                                   empty_lines=args.empty_lines, limit=limit)  # fmt: skip
-    return read_split(repo_path(args.data_dir), getattr(args, f"{split}_split"), args.source_lang, args.target_lang,
-                      empty_lines=args.empty_lines, limit=limit)  # fmt: skip
+        return read_parallel(repo_path(source), repo_path(target), empty_lines=data.empty_lines, limit=limit)
+    if split == "train" and data.hf_dataset:
+        return read_hf_translation(data.hf_dataset, data.hf_config, "train", data.source_lang, data.target_lang,
+                                   empty_lines=data.empty_lines, limit=limit)  # fmt: skip
+    return read_split(repo_path(data.data_dir), getattr(data, f"{split}_split"), data.source_lang,
+                      data.target_lang, empty_lines=data.empty_lines, limit=limit)  # fmt: skip
 
 
-def attention_backend(args, precision: str) -> str | None:
-    if args.attention_backend != "auto":
-        return args.attention_backend
-    if args.architecture == "stock_marian":
-        return None
-    return "eager" if precision == "bf16" and not torch.cuda.is_available() else "sdpa"
-
-
-def build_model(args, tokenizer, backend: str | None, train_dataset=None):
-    dims = dict(
-        vocab_size=len(tokenizer),
-        d_model=args.d_model,
-        encoder_layers=args.layers,
-        decoder_layers=args.layers,
-        encoder_attention_heads=args.heads,
-        decoder_attention_heads=args.heads,
-        encoder_ffn_dim=args.ffn_dim,
-        decoder_ffn_dim=args.ffn_dim,
-        dropout=args.dropout,
-        max_position_embeddings=max(args.max_length + 64, 256),
-        scale_embedding=True,
-        activation_function="relu",
-        pad_token_id=tokenizer.pad_token_id,
-        decoder_start_token_id=tokenizer.pad_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-        forced_eos_token_id=tokenizer.eos_token_id,
-    )
-    if backend is not None:
-        dims["attn_implementation"] = backend
-    torch.manual_seed(args.seed)
-    if args.architecture == "stock_marian":
-        return MarianMTModel(MarianConfig(**dims))
-    choices = {
-        "encoder_position_encoding": args.encoder_position_encoding or args.position_encoding or "sinusoidal",
-        "decoder_position_encoding": args.decoder_position_encoding or args.position_encoding or "sinusoidal",
-        "encoder_self_attention": args.encoder_self_attention,
-        "decoder_self_attention": args.decoder_self_attention,
-        "cross_attention": args.cross_attention,
-    }
-    overrides = json.loads(args.config_overrides)
-    if args.cross_attention == "rposnet" and "rposnet_length_ratio" not in overrides:
-        if train_dataset is None:
-            raise ValueError(
-                "rPosNet in cross-attention needs the training data (for gamma) or rposnet_length_ratio"
-            )
-        overrides["rposnet_length_ratio"] = source_target_length_ratio(train_dataset)
+def prepare_data(args: Arguments) -> PreparedData:
+    """Read and validate the splits, learn the joint BPE on the training text, tokenise."""
+    data = args.data
+    train_text = load_split(data, "train", limit=data.train_limit)
+    test = load_split(data, "test", limit=data.test_limit)
+    logger.info("data: %d training pairs from %s, %d test pairs from %s", len(train_text), train_text.name,
+                len(test), test.name)  # fmt: skip
+    tokenizer = train_joint_bpe(train_text.source + train_text.target, vocab_size=data.vocab_size)
+    if data.concat_probability:
+        train_text = concatenate_consecutive(train_text, data.concat_probability, seed=args.training.seed)
         logger.info(
-            "rPosNet cross-attention: gamma = %.4f (source/target length ratio)",
-            overrides["rposnet_length_ratio"],
+            "concatenation augmentation (p=%s): %d training examples",
+            data.concat_probability,
+            len(train_text),
         )
-    config = MarianPosEncConfig(**dims, **choices, **overrides)
-    return MarianPosEncForConditionalGeneration(config)
+    train = tokenize_parallel(tokenizer, train_text.source, train_text.target, data.max_length)
+    if data.max_train_length:
+        kept = [i for i, length in enumerate(train["length"]) if length <= data.max_train_length]
+        if not kept:
+            raise ValueError(
+                f"no training pair has at most --max_train_length={data.max_train_length} tokens"
+            )
+        logger.info("train short: %d of %d pairs have at most %d tokens; training on those only",
+                    len(kept), len(train), data.max_train_length)  # fmt: skip
+        train = train.select(kept)
+    valid = None
+    if args.training.eval_strategy != "no":
+        valid_text = load_split(data, "valid")
+        valid = tokenize_parallel(tokenizer, valid_text.source, valid_text.target, data.max_length)
+    return PreparedData(tokenizer, train, valid, test, train_text)
+
+
+def model_config(args: Arguments, vocab_size: int, pad: int, eos: int, train=None) -> MarianPosEncConfig:
+    """The config from what the user (or recipe) set: unset fields keep MarianPosEncConfig's defaults."""
+    model = args.model
+    fields = {
+        "encoder_layers": model.layers, "decoder_layers": model.layers,
+        "encoder_attention_heads": model.heads, "decoder_attention_heads": model.heads,
+        "encoder_ffn_dim": model.ffn_dim, "decoder_ffn_dim": model.ffn_dim,
+        **{name: getattr(model, name) for name in (
+            "position_encoding", "encoder_position_encoding", "decoder_position_encoding", "encoder_self_attention",
+            "decoder_self_attention", "cross_attention", "d_model", "dropout", "max_position_embeddings")},
+    }  # fmt: skip
+    fields = {name: value for name, value in fields.items() if value is not None}
+    fields.update(json.loads(model.config_overrides))
+    tokens = dict(
+        vocab_size=vocab_size,
+        pad_token_id=pad,
+        decoder_start_token_id=pad,
+        eos_token_id=eos,
+        forced_eos_token_id=eos,
+    )
+    config = MarianPosEncConfig(**tokens, **fields)
+    if config.cross_attention == "rposnet" and "rposnet_length_ratio" not in fields and train is not None:
+        config.rposnet_length_ratio = source_target_length_ratio(train)
+        logger.info(
+            "rPosNet cross-attention: gamma = %.4f (source/target length ratio)", config.rposnet_length_ratio
+        )
+    return config
 
 
 def source_target_length_ratio(dataset) -> float:
@@ -247,213 +395,281 @@ def source_target_length_ratio(dataset) -> float:
     return round(source_tokens / target_tokens, 4)
 
 
-def translation_metrics(tokenizer):
-    """`compute_metrics` for the Trainer: BLEU and chrF++ through the local `evaluate` metric module."""
-    import evaluate
-    import numpy as np
-
-    metric = evaluate.load(str(LOCAL_METRIC))
-
-    def compute_metrics(prediction):
-        predictions = np.where(prediction.predictions >= 0, prediction.predictions, tokenizer.pad_token_id)
-        labels = np.where(prediction.label_ids >= 0, prediction.label_ids, tokenizer.pad_token_id)
-        scores = metric.compute(
-            predictions=tokenizer.batch_decode(predictions, skip_special_tokens=True),
-            references=tokenizer.batch_decode(labels, skip_special_tokens=True),
-        )
-        return {"bleu": scores["bleu"], "chrf++": scores["chrf++"]}
-
-    return compute_metrics
-
-
-def installed_loggers() -> list[str]:
-    return [name for name in ("tensorboard", "trackio") if importlib.util.find_spec(name) is not None]
-
-
-def average_into(model, checkpoints_dir, args) -> list[str]:
-    """Load the average of the chosen checkpoints into `model` (tied weights re-tied)."""
-    chosen = select_checkpoints(
-        checkpoints_dir, last=args.average_last or None, best=args.average_best or None
-    )
-    missing, unexpected = model.load_state_dict(average_state_dicts(chosen), strict=False)
-    if unexpected or set(missing) - set(model._tied_weights_keys or {}):
-        raise ValueError(
-            f"averaged checkpoints do not fit the model: missing {missing}, unexpected {unexpected}"
-        )
-    model.tie_weights()
-    return [path.name for path in chosen]
-
-
-def main(argv=None):
-    args = parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
-    started = time.monotonic()
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    precision = args.precision or ("bf16" if args.architecture == "marian_posenc" else "fp32")
-    module_name = args.position_encoding or args.encoder_position_encoding or "sinusoidal"
-    if args.architecture == "stock_marian":
-        module_name = "stock-marian"
-    output_dir = Path(args.output_dir or f"outputs/{args.recipe}-{module_name}")
-    checkpoints_dir = output_dir.with_name(output_dir.name + "-checkpoints")
-
-    train_text = load_split(args, "train", limit=args.train_limit)
-    test_text = load_split(args, "test", limit=args.test_limit)
-    logger.info("data: %d training pairs from %s, %d test pairs from %s", len(train_text), train_text.name,
-                len(test_text), test_text.name)  # fmt: skip
-
-    tokenizer = train_joint_bpe(train_text.source + train_text.target, vocab_size=args.vocab_size)
-    train_dataset = tokenize_parallel(tokenizer, train_text.source, train_text.target, args.max_length)
-    valid_dataset = None
-    if args.eval_steps:
-        valid_text = load_split(args, "valid")
-        valid_dataset = tokenize_parallel(tokenizer, valid_text.source, valid_text.target, args.max_length)
-    model = build_model(args, tokenizer, attention_backend(args, precision), train_dataset)
-    parameters = sum(p.numel() for p in model.parameters())
-    logger.info(
-        "model: %s, %.2fM parameters, precision %s, attention %s",
-        type(model).__name__,
-        parameters / 1e6,
-        precision,
-        model.config._attn_implementation,
-    )
-    if args.architecture == "marian_posenc":
-        sampler = TokenBudgetBatchSampler(train_dataset["length"], args.max_tokens, seed=args.seed)
-        logger.info("token-budget batching: %d batches per epoch, %.1f%% padding", len(sampler),
-                    100 * sampler.padding_ratio())  # fmt: skip
-
-    training_args = Seq2SeqTrainingArguments(
-        output_dir=str(checkpoints_dir),
-        max_steps=args.max_steps,
-        learning_rate=args.learning_rate,
-        lr_scheduler_type="inverse_sqrt",
-        warmup_steps=args.warmup_steps,
-        adam_beta2=0.98,
-        adam_epsilon=1e-9,
-        weight_decay=0.0,
-        label_smoothing_factor=args.label_smoothing,
-        per_device_train_batch_size=args.batch_size,
-        per_device_eval_batch_size=64,
-        gradient_accumulation_steps=args.update_freq,
-        bf16=precision == "bf16",
-        fp16=precision == "fp16",
-        use_cpu=not torch.cuda.is_available(),
-        save_strategy="steps" if args.save_steps else "no",
-        save_steps=args.save_steps or 500,
-        save_only_model=False,
-        eval_strategy="steps" if args.eval_steps else "no",
-        eval_steps=args.eval_steps or None,
-        predict_with_generate=args.eval_bleu,
-        generation_num_beams=1,
-        generation_max_length=args.max_length + 50,
-        logging_steps=50,
-        report_to=installed_loggers() if args.report_to == "auto" else args.report_to,
-        seed=args.seed,
-        dataloader_num_workers=0,
-    )
-    collator = DataCollatorForSeq2Seq(tokenizer, model=model, label_pad_token_id=-100)
-    trainer_kwargs = dict(
-        model=model,
-        args=training_args,
-        train_dataset=train_dataset,
-        eval_dataset=valid_dataset,
-        data_collator=collator,
-        processing_class=tokenizer,
-        callbacks=[TimeBudgetCallback(args.minutes)] if args.minutes else [],
-        compute_metrics=translation_metrics(tokenizer) if args.eval_bleu else None,
-    )
-    if args.architecture == "stock_marian":
-        trainer = Seq2SeqTrainer(**trainer_kwargs)
+def build_model(args: Arguments, data: PreparedData):
+    """The model, with the precision and attention backend this machine runs fastest (or as asked)."""
+    tokenizer = data.tokenizer
+    torch.manual_seed(args.training.seed)
+    pad, eos = tokenizer.pad_token_id, tokenizer.eos_token_id
+    if args.model.architecture == "stock_marian":
+        dims = {k: v for k, v in model_config(args, len(tokenizer), pad, eos).to_dict().items()
+                if k in MarianConfig.__dataclass_fields__ and k not in ("architectures", "dtype")}  # fmt: skip
+        model = MarianMTModel(MarianConfig(**dims))
+        # the same decoding as our models, with Marian's own length limit (it has no source + 50 rule)
+        model.generation_config.update(**PAPER_1_DECODING, bad_words_ids=[[pad]])
     else:
-        trainer = TokenBudgetSeq2SeqTrainer(**trainer_kwargs, max_tokens=args.max_tokens)
-    resume = args.resume_from_checkpoint
-    train_started = time.monotonic()
-    train_result = trainer.train(resume_from_checkpoint=True if resume == "last" else resume)
-    train_minutes = (time.monotonic() - train_started) / 60
-    steps = train_result.global_step
-    # Every process takes part in writing the trained weights: under FSDP (full state dict) and DeepSpeed the
-    # Trainer gathers the sharded parameters here. Process 0 then reloads the whole model from that folder and
-    # evaluates it, the same way on one process, under DDP and under sharding.
-    trained_dir = checkpoints_dir / "trained"
+        model = MarianPosEncForConditionalGeneration(model_config(args, len(tokenizer), pad, eos, data.train))
+    generation = {k: v for k, v in (("num_beams", args.model.num_beams), ("length_penalty", args.model.length_penalty))
+                  if v is not None}  # fmt: skip
+    model.generation_config.update(**generation)
+    config = model.config
+    device = args.training.device.type
+    precision = choose_precision(args.run.precision, device, config.d_model, config.encoder_ffn_dim)
+    backend = choose_attention_backend(args.model.attention_backend, precision.precision, device,
+                                       config.encoder_attention_heads, config.d_model // config.encoder_attention_heads)  # fmt: skip
+    model.set_attn_implementation(backend.backend)
+    logger.info("model: %s, %.2fM parameters; precision %s (%s); attention %s (%s)", type(model).__name__,
+                model.num_parameters() / 1e6, precision.precision, precision.reason, backend.backend, backend.reason)  # fmt: skip
+    return model, precision, backend
+
+
+@dataclass
+class TrainingReport:
+    steps: int
+    minutes: float
+    target_tokens: int
+    tokens_per_second: float
+    budget: dict
+
+
+def check_output_folders(args: Arguments) -> None:
+    """Refuse to mix two runs: an existing run folder or checkpoint folder needs --resume_from_checkpoint or
+    --overwrite_output_dir (which deletes both)."""
+    folders = [Path(args.training.output_dir), args.checkpoints_dir]
+    used = [folder for folder in folders if folder.is_dir() and any(folder.iterdir())]
+    if not used or args.training.resume_from_checkpoint:
+        return
+    if not args.run.overwrite_output_dir:
+        raise SystemExit(
+            f"{' and '.join(map(str, used))} already hold a run; resume it with --resume_from_checkpoint last, "
+            "replace it with --overwrite_output_dir, or choose another --output_dir"
+        )
+    for folder in used:
+        logger.warning("--overwrite_output_dir: deleting %s", folder)
+        shutil.rmtree(folder)
+
+
+def resume_checkpoint(args: Arguments) -> str | None:
+    """The checkpoint to resume from: a folder, or for "last" the newest complete one (the Trainer writes
+    trainer_state.json last, so a checkpoint without it was cut off while being written)."""
+    resume = args.training.resume_from_checkpoint
+    if resume != "last":
+        return resume
+    checkpoints = sorted(args.checkpoints_dir.glob("checkpoint-*"), key=lambda p: int(p.name.split("-")[-1]))
+    complete = [checkpoint for checkpoint in checkpoints if (checkpoint / "trainer_state.json").is_file()]
+    if not complete:
+        raise SystemExit(f"--resume_from_checkpoint last: no complete checkpoint in {args.checkpoints_dir}")
+    for skipped in checkpoints[checkpoints.index(complete[-1]) + 1 :]:
+        logger.warning("%s is incomplete (no trainer_state.json): resuming from %s", skipped, complete[-1])
+    return str(complete[-1])
+
+
+def train(args: Arguments, model, data: PreparedData, precision) -> tuple[TranslationTrainer, TrainingReport]:
+    """`Seq2SeqTrainer` run with token-budget batches, the time budget, progress and a budget check."""
+    training = dataclasses.replace(args.training, output_dir=str(args.checkpoints_dir))
+    training.bf16, training.fp16 = precision.precision == "bf16", precision.precision == "fp16"
+    # the stock baseline trains on the Trainer's own batches of per_device_train_batch_size sentences
+    max_tokens = args.data.max_tokens if args.model.architecture == "marian_posenc" else None
+    if max_tokens:
+        sampler = TokenBudgetBatchSampler(data.train["length"], max_tokens, seed=training.seed)
+        logger.info(
+            "token-budget batching: %d batches per epoch, %.1f%% padding",
+            len(sampler),
+            100 * sampler.padding_ratio(),
+        )
+    budget = [TimeBudgetCallback(args.run.minutes)] if args.run.minutes else []
+    trainer = TranslationTrainer(
+        model=model,
+        args=training,
+        train_dataset=data.train if max_tokens else data.train.remove_columns(["length"]),
+        eval_dataset=data.valid,
+        data_collator=DataCollatorForSeq2Seq(data.tokenizer, model=model, label_pad_token_id=-100),
+        processing_class=data.tokenizer,
+        callbacks=budget,
+        compute_metrics=translation_metrics(data.tokenizer) if args.run.eval_bleu else None,
+        max_tokens=max_tokens,
+    )
+    check = BudgetCheckCallback(
+        args.run.minutes, precision=precision.precision, threads=torch.get_num_threads()
+    )
+    trainer.remove_callback(ProgressCallback)
+    trainer.add_callback(TrainingProgressCallback(args.run.minutes, lambda: trainer.target_tokens))
+    trainer.add_callback(check)
+    started = time.monotonic()
+    result = trainer.train(resume_from_checkpoint=resume_checkpoint(args))
+    seconds = time.monotonic() - started
+    report = TrainingReport(result.global_step, seconds / 60, trainer.target_tokens,
+                            trainer.target_tokens / seconds, check.estimate())  # fmt: skip
+    return trainer, report
+
+
+@dataclass
+class Evaluation:
+    hypotheses: list[str]
+    scores: dict
+    decode_seconds: float
+    averaged: list[str]
+    degenerate: list[str]
+
+
+def trained_model(args: Arguments, trainer: TranslationTrainer):
+    """The trained weights, reloaded from what every process saved (under FSDP/DeepSpeed the Trainer gathers
+    the shards there), averaged over checkpoints if asked. Returns None on every process but the first."""
+    trained_dir = args.checkpoints_dir / "trained"
     trainer.save_model(str(trained_dir))
     if not trainer.is_world_process_zero():
-        return None  # one process evaluates and writes the folder
-    model = type(model).from_pretrained(trained_dir).to(training_args.device)
-    averaged = average_into(model, checkpoints_dir, args) if args.average_last or args.average_best else []
-
-    decode_started = time.monotonic()
-    hypotheses = translate(
-        model, tokenizer, test_text.source, bf16=precision == "bf16",
-        num_beams=4, length_penalty=0.6, max_new_tokens=args.max_length + 50, bad_words_ids=[[tokenizer.pad_token_id]],
-    )  # fmt: skip
-    decode_seconds = time.monotonic() - decode_started
-    scores = score_translations(hypotheses, test_text.target)
-    scores.update(
-        recipe=args.recipe,
-        steps=steps,
-        train_minutes=round(train_minutes, 2),
-        decode_seconds=round(decode_seconds, 1),
-        total_minutes=round((time.monotonic() - started) / 60, 2),
-        parameters=parameters,
-        architecture=args.architecture,
-        precision=precision,
-        attention_backend=model.config._attn_implementation,
-        threads=torch.get_num_threads(),
-        averaged_checkpoints=averaged,
-        test_set=test_text.name,
-        test_pairs=len(test_text),
+        return None, []
+    model = type(trainer.model).from_pretrained(trained_dir).to(args.training.device)
+    if not (args.run.average_last or args.run.average_best):
+        return model, []
+    chosen = select_checkpoints(
+        args.checkpoints_dir, last=args.run.average_last or None, best=args.run.average_best or None
     )
+    average_into(model, chosen)
+    return model, [path.name for path in chosen]
 
-    model.save_pretrained(output_dir)
-    tokenizer.save_pretrained(output_dir)
-    (output_dir / "scores.json").write_text(json.dumps(scores, indent=2) + "\n")
-    (output_dir / f"test.hyp.{args.target_lang}").write_text("\n".join(hypotheses) + "\n")
+
+def evaluate(args: Arguments, model, data: PreparedData, precision, averaged: list[str]) -> Evaluation:
+    """Decode the test set with the model's generation config and score it; flag degenerate output."""
+    started = time.monotonic()
+    hypotheses = translate(model, data.tokenizer, data.test.source, bf16=precision.precision == "bf16")
+    seconds = time.monotonic() - started
+    scores = score_translations(hypotheses, data.test.target)
+    encoding = getattr(model.config, "encoder_position_encoding", "sinusoidal")
+    degenerate = degenerate_output(hypotheses, scores["bleu"], encoding)
+    for reason in degenerate:
+        logger.warning("DEGENERATE OUTPUT: %s", reason)
+    return Evaluation(hypotheses, scores, seconds, averaged, degenerate)
+
+
+def run_record(
+    args: Arguments, model, data, precision, backend, report: TrainingReport, evaluation: Evaluation, started
+) -> dict:
+    """scores.json: the scores, the run's settings, the machine and what it achieved."""
+    hardware = describe_hardware(args.training.device.type)
+    dtype = torch.bfloat16 if precision.precision == "bf16" else None
+    lengths = data.train["length"]
+    mean_length = max(1, round(sum(lengths) / len(lengths)))
+    flops_per_token = model_flops_per_target_token(
+        model, mean_length, mean_length, 8, args.training.device, dtype
+    )
+    peak = matmul_peak_flops(precision.precision, args.training.device.type)
+    return {
+        **evaluation.scores,
+        "recipe": args.run.recipe,
+        "steps": report.steps,
+        "train_minutes": round(report.minutes, 2),
+        "decode_seconds": round(evaluation.decode_seconds, 1),
+        "total_minutes": round((time.monotonic() - started) / 60, 2),
+        "parameters": model.num_parameters(),
+        "architecture": args.model.architecture,
+        "averaged_checkpoints": evaluation.averaged,
+        "test_set": data.test.name,
+        "test_pairs": len(data.test),
+        "degenerate": evaluation.degenerate,
+        "hardware": hardware.as_dict(),
+        "precision": precision.precision,
+        "precision_probe": dataclasses.asdict(precision),
+        "attention_backend": backend.backend,
+        "attention_probe": dataclasses.asdict(backend),
+        "training_target_tokens": report.target_tokens,
+        "training_target_tokens_per_second": round(report.tokens_per_second, 1),
+        "model_flops_per_target_token": flops_per_token,
+        "matmul_peak_flops": peak,
+        "mfu": round(flops_per_token * report.tokens_per_second / peak, 4),
+        "budget_check": report.budget,
+    }
+
+
+def export(args: Arguments, model, data: PreparedData, evaluation: Evaluation, record: dict) -> Path:
+    """Write the Hub folder into a temporary sibling and rename it into place, so that a folder under the run's
+    name is always complete; then the dry run copy and the upload."""
+    output_dir = Path(args.training.output_dir)
+    partial = output_dir.with_name(output_dir.name + ".partial")
+    shutil.rmtree(partial, ignore_errors=True)
+    model.save_pretrained(partial)
+    data.tokenizer.save_pretrained(partial)
+    (partial / "scores.json").write_text(json.dumps(record, indent=2) + "\n")
+    (partial / f"test.hyp.{args.data.target_lang}").write_text("\n".join(evaluation.hypotheses) + "\n")
     batching = (
-        f"{args.max_tokens} tokens"
-        if args.architecture == "marian_posenc"
-        else f"{args.batch_size} sentences"
+        f"{args.data.max_tokens} tokens"
+        if args.data.max_tokens and args.model.architecture == "marian_posenc"
+        else f"{args.training.per_device_train_batch_size} sentences"
     )
     write_model_card(
-        output_dir,
-        model.config,
-        scores,
-        source_lang=args.source_lang,
-        target_lang=args.target_lang,
-        parameters=f"{parameters / 1e6:.2f}M",
-        repo_or_folder=args.hub_model_id or str(output_dir),
-        dataset=args.hf_dataset or repo_path(args.data_dir).name,
-        test_split=Path(test_text.name.split(" / ")[0]).name,
-        data_note=MULTI30K_NOTE
-        if "multi30k" in args.recipe and not args.train_source
-        else f"Training data: {train_text.name} ({len(train_text)} pairs). Test: {test_text.name}.",
-        training=(
-            f"recipe `{args.recipe}`: {steps} updates in {train_minutes:.1f} min, {precision}, {batching} per batch"
-            f" x {args.update_freq}, lr {args.learning_rate} inverse-sqrt (warm-up {args.warmup_steps}), "
-            f"label smoothing {args.label_smoothing}"
-            + (f", average of {', '.join(averaged)}" if averaged else "")
-        ),
-    )
-    if args.hub_dry_run:
-        shutil.copytree(output_dir, args.hub_dry_run, dirs_exist_ok=True)
-    if args.push_to_hub:
+        partial, model, record, model_name=output_dir.name,
+        source_lang=args.data.source_lang, target_lang=args.data.target_lang,
+        parameters=f"{record['parameters'] / 1e6:.2f}M", repo_or_folder=args.training.hub_model_id or str(output_dir),
+        dataset=args.data.hf_dataset or repo_path(args.data.data_dir).name,
+        test_split=Path(data.test.name.split(" / ")[0]).name,
+        data_note=MULTI30K_NOTE if "multi30k" in args.run.recipe and not args.data.train_source
+        else f"Training data: {data.train_text.name} ({len(data.train_text)} pairs). Test: {data.test.name}.",
+        training=(f"recipe `{args.run.recipe}`: {record['steps']} updates in {record['train_minutes']:.1f} min, "
+                  f"{record['precision']}, {batching} per batch x {args.training.gradient_accumulation_steps}, "
+                  f"lr {args.training.learning_rate} {args.training.lr_scheduler_type} (warm-up {args.training.warmup_steps}), "
+                  f"label smoothing {args.training.label_smoothing_factor}"
+                  + (f", average of {', '.join(evaluation.averaged)}" if evaluation.averaged else "")),
+        hardware=(f"{record['hardware']['line']}; {record['training_target_tokens_per_second']:.0f} target tokens/s, "
+                  f"MFU {100 * record['mfu']:.1f}% of the measured {record['precision']} matmul peak"),
+        warning=("\n**Warning: degenerate output.** " + " ".join(evaluation.degenerate) + "\n") if evaluation.degenerate else "",
+    )  # fmt: skip
+    if output_dir.exists():
+        replaced = output_dir.with_name(output_dir.name + ".replaced")
+        os.replace(output_dir, replaced)
+        os.replace(partial, output_dir)
+        shutil.rmtree(replaced)
+    else:
+        os.replace(partial, output_dir)
+    if args.run.hub_dry_run:
+        shutil.copytree(output_dir, args.run.hub_dry_run, dirs_exist_ok=True)
+    if args.training.push_to_hub:
         from huggingface_hub import HfApi
 
         api = HfApi()
-        api.create_repo(args.hub_model_id, exist_ok=True)
-        api.upload_folder(
-            repo_id=args.hub_model_id, folder_path=str(output_dir), commit_message="hf_posenc training run"
-        )
+        api.create_repo(args.training.hub_model_id, exist_ok=True)
+        api.upload_folder(repo_id=args.training.hub_model_id, folder_path=str(output_dir),
+                          commit_message="hf_posenc training run")  # fmt: skip
+    return output_dir
 
+
+def print_summary(
+    args: Arguments, data: PreparedData, evaluation: Evaluation, record: dict, output_dir: Path
+) -> None:
+    scores = evaluation.scores
     print(f"\nBLEU    {scores['bleu']:6.2f}  {scores['bleu_signature']}")
     print(f"chrF++  {scores['chrf++']:6.2f}  {scores['chrf++_signature']}")
-    print(f"{steps} updates, training {train_minutes:.1f} min, decoding {decode_seconds:.0f} s, "
-          f"total {scores['total_minutes']:.1f} min")  # fmt: skip
-    for source, hypothesis, reference in list(
-        zip(test_text.source, hypotheses, test_text.target, strict=True)
-    )[: args.examples]:
+    print(f"{record['steps']} updates, training {record['train_minutes']:.1f} min, decoding "
+          f"{record['decode_seconds']:.0f} s, total {record['total_minutes']:.1f} min")  # fmt: skip
+    print(f"{record['hardware']['line']}; precision {record['precision']}, attention {record['attention_backend']}; "
+          f"{record['training_target_tokens_per_second']:.0f} target tokens/s = "
+          f"{record['model_flops_per_target_token'] * record['training_target_tokens_per_second'] / 1e9:.1f} GFLOP/s, "
+          f"MFU {100 * record['mfu']:.1f}% of the measured {record['matmul_peak_flops'] / 1e9:.0f} GFLOP/s peak")  # fmt: skip
+    for source, hypothesis, reference in list(zip(data.test.source, evaluation.hypotheses, data.test.target,
+                                                  strict=True))[: args.run.examples]:  # fmt: skip
         print(f"\n  src: {source}\n  hyp: {hypothesis}\n  ref: {reference}")
     print(f"\nwrote {output_dir}")
-    return scores
+
+
+def main(argv=None) -> dict | None:
+    args = parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    started = time.monotonic()
+    if args.run.threads:
+        torch.set_num_threads(args.run.threads)
+    check_output_folders(args)
+    data = prepare_data(args)
+    model, precision, backend = build_model(args, data)
+    trainer, report = train(args, model, data, precision)
+    model, averaged = trained_model(args, trainer)
+    if model is None:
+        return None  # one process evaluates and writes the folder
+    evaluation = evaluate(args, model, data, precision, averaged)
+    record = run_record(args, model, data, precision, backend, report, evaluation, started)
+    output_dir = export(args, model, data, evaluation, record)
+    print_summary(args, data, evaluation, record, output_dir)
+    if evaluation.degenerate and args.run.fail_on_degenerate:
+        print("\nDEGENERATE OUTPUT (exit 3): " + " ".join(evaluation.degenerate), file=sys.stderr)
+        raise SystemExit(3)
+    return record
 
 
 if __name__ == "__main__":

@@ -70,3 +70,15 @@ def average_state_dicts(checkpoints: list[Path]) -> dict[str, torch.Tensor]:
         key: (value / len(checkpoints) if value.is_floating_point() else value)
         for key, value in total.items()
     }
+
+
+def average_into(model, checkpoints: list[Path]) -> None:
+    """Load the average of `checkpoints` into `model`, whose tensors they must hold exactly (tied ones re-tied)."""
+    missing, unexpected = model.load_state_dict(average_state_dicts(checkpoints), strict=False)
+    tied = set(getattr(model, "_tied_weights_keys", None) or {})
+    if unexpected or set(missing) - tied:
+        raise ValueError(
+            f"the checkpoints {[str(c) for c in checkpoints]} do not fit the model: missing {sorted(set(missing) - tied)}, "
+            f"unexpected {unexpected}"
+        )
+    model.tie_weights()

@@ -1,4 +1,4 @@
-"""Model cards: fill `model_cards/template.md` with a trained model's configuration and scores."""
+"""Model cards: fill `model_card_template.md` with a trained model's configuration, scores and machine."""
 
 from pathlib import Path
 
@@ -36,14 +36,15 @@ def module_sources(choices: dict) -> tuple[str, str]:
     return "\n".join(lines), "\n".join(f"- {citation}" for citation in citations)
 
 
-def write_model_card(folder, model_config, scores: dict, **fields) -> Path:
-    """Write README.md (YAML front matter with `model-index`, how to load, scores) into `folder`.
+def write_model_card(folder, model, scores: dict, **fields) -> Path:
+    """Write README.md (YAML front matter with `model-index`, how to load, scores, decoding) into `folder`.
 
     Stock Marian configs lack the module fields: they get the defaults of `MarianPosEncConfig` (sinusoidal +
     content attention), which is what a stock Marian model computes.
     """
     defaults = MarianPosEncConfig()
-    choices = {name: getattr(model_config, name, getattr(defaults, name)) for name in CHOICES}
+    choices = {name: getattr(model.config, name, getattr(defaults, name)) for name in CHOICES}
+    generation = model.generation_config
     sources, citations = module_sources(choices)
     values = {
         "dataset": "multi30k",
@@ -58,6 +59,11 @@ def write_model_card(folder, model_config, scores: dict, **fields) -> Path:
         **choices,
         "module_sources": sources,
         "citation": citations,
+        "num_beams": generation.num_beams,
+        "length_penalty": generation.length_penalty,
+        "max_new_tokens_over_source": getattr(generation, "max_new_tokens_over_source", None),
+        "hardware": "not recorded",
+        "warning": "",
         **fields,
     }
     path = Path(folder) / "README.md"

@@ -1,10 +1,10 @@
-"""Training and evaluation glue around `Seq2SeqTrainer`: what the HF stack lacks for NMT recipes.
+"""Training glue around `Seq2SeqTrainer`: what the HF stack lacks for NMT recipes.
 
-* `TokenBudgetSeq2SeqTrainer`: the Trainer with token-budget batches (`max_tokens`) instead of a fixed
-  number of sentences, through its `get_train_dataloader` hook;
-* `TimeBudgetCallback`: stops training after a wall-clock budget (the default recipe trains for minutes,
-  not epochs);
-* `tokenize_parallel`: tokenised pairs with their lengths, over-long pairs rejected.
+* `TranslationTrainer`: the Trainer with token-budget batches (`max_tokens`) instead of a fixed number of
+  sentences, through its `get_train_dataloader` hook, and a count of the target tokens it trained on;
+* `TimeBudgetCallback`: stops training after a wall-clock budget, counted across resumes;
+* `tokenize_parallel`: tokenised pairs with their lengths, over-long pairs rejected;
+* `translation_metrics`: BLEU and chrF++ of generated validation translations for `compute_metrics`.
 """
 
 import time
@@ -12,8 +12,10 @@ import time
 import datasets
 from torch.utils.data import DataLoader
 from transformers import Seq2SeqTrainer, TrainerCallback
+from transformers.trainer_callback import ExportableState
 
 from .batching import TokenBudgetBatchSampler
+from .evaluation import score_translations
 
 
 def tokenize_parallel(tokenizer, source: list[str], target: list[str], max_length: int) -> datasets.Dataset:
@@ -42,14 +44,18 @@ def tokenize_parallel(tokenizer, source: list[str], target: list[str], max_lengt
     )
 
 
-class TokenBudgetSeq2SeqTrainer(Seq2SeqTrainer):
-    """`Seq2SeqTrainer` whose training batches hold at most `max_tokens` padded tokens."""
+class TranslationTrainer(Seq2SeqTrainer):
+    """`Seq2SeqTrainer` whose training batches hold at most `max_tokens` padded tokens (None: the Trainer's own
+    batches of `per_device_train_batch_size` sentences), counting the target tokens it trains on."""
 
-    def __init__(self, *args, max_tokens: int, **kwargs):
+    def __init__(self, *args, max_tokens: int | None, **kwargs):
         super().__init__(*args, **kwargs)
         self.max_tokens = max_tokens
+        self.target_tokens = 0  # label tokens trained on in this process since it started
 
     def get_train_dataloader(self) -> DataLoader:
+        if self.max_tokens is None:
+            return super().get_train_dataloader()
         dataset = self.train_dataset.remove_columns(["length"])
         sampler = TokenBudgetBatchSampler(self.train_dataset["length"], self.max_tokens, seed=self.args.seed)
         loader = DataLoader(
@@ -61,17 +67,46 @@ class TokenBudgetSeq2SeqTrainer(Seq2SeqTrainer):
         )
         return self.accelerator.prepare(loader)
 
+    def training_step(self, model, inputs, num_items_in_batch=None):
+        self.target_tokens += int((inputs["labels"] != -100).sum())
+        return super().training_step(model, inputs, num_items_in_batch)
 
-class TimeBudgetCallback(TrainerCallback):
-    """Ends training once `minutes` of wall-clock time have passed since training began."""
 
-    def __init__(self, minutes: float):
-        self.seconds = minutes * 60
+class TimeBudgetCallback(TrainerCallback, ExportableState):
+    """Ends training once `minutes` of training time have passed, counting the time of earlier attempts of the
+    same run: the time spent is saved with each checkpoint and read back when training resumes."""
+
+    def __init__(self, minutes: float, spent_seconds: float = 0.0):
+        self.minutes = minutes
+        self.spent_seconds = spent_seconds
         self.start = None
 
     def on_train_begin(self, args, state, control, **kwargs):
-        self.start = time.monotonic()
+        saved = state.stateful_callbacks.get(type(self).__name__)
+        if saved:
+            self.spent_seconds = saved["attributes"]["spent_seconds"]
+        self.start = time.monotonic() - self.spent_seconds
 
     def on_step_end(self, args, state, control, **kwargs):
-        if time.monotonic() - self.start > self.seconds:
+        self.spent_seconds = time.monotonic() - self.start
+        if self.spent_seconds > self.minutes * 60:
             control.should_training_stop = True
+
+    def state(self) -> dict:
+        return {"args": {"minutes": self.minutes}, "attributes": {"spent_seconds": self.spent_seconds}}
+
+
+def translation_metrics(tokenizer):
+    """`compute_metrics` for the Trainer: sacreBLEU BLEU and chrF++ of the generated validation translations."""
+    import numpy as np
+
+    def compute_metrics(prediction):
+        predictions = np.where(prediction.predictions >= 0, prediction.predictions, tokenizer.pad_token_id)
+        labels = np.where(prediction.label_ids >= 0, prediction.label_ids, tokenizer.pad_token_id)
+        scores = score_translations(
+            tokenizer.batch_decode(predictions, skip_special_tokens=True),
+            tokenizer.batch_decode(labels, skip_special_tokens=True),
+        )
+        return {"bleu": scores["bleu"], "chrf++": scores["chrf++"]}
+
+    return compute_metrics

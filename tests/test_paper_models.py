@@ -1,0 +1,84 @@
+"""A module's name builds the paper's model: paper 1 Table 1's parameter counts from the wmt14-en-de-base
+recipe and the default settings, and the papers' big and small recipe settings."""
+
+import sys
+
+import pytest
+import torch
+from conftest import REPO
+
+from hf_posenc import MarianPosEncForConditionalGeneration
+
+sys.path.insert(0, str(REPO / "train_scripts"))
+import train  # noqa: E402  (train_scripts/ is a folder of scripts, not a package)
+
+# Paper 1 Table 1 (En-De column, millions): SAPE 63.08, and each row's count.
+PAPER_1_TABLE_1 = {
+    "learned": 64.13,
+    "shaw": 63.37,
+    "adaptive_t5": 63.08,
+    "posnet_attn": 64.11,
+    "posnet_embed": 66.49,
+}
+SAPE = 63.08
+
+
+def base_model_parameters(*flags: str) -> int:
+    """Parameters of the model train.py builds from the wmt14-en-de-base recipe, built on the meta device."""
+    args = train.parse_args(["--recipe", "wmt14-en-de-base", "--output_dir", "unused", *flags])
+    config = train.model_config(args, vocab_size=37000, pad=0, eos=1)
+    with torch.device("meta"):
+        return MarianPosEncForConditionalGeneration(config).num_parameters()
+
+
+@pytest.mark.parametrize("encoding", list(PAPER_1_TABLE_1))
+def test_paper_1_table_1_parameter_deltas_are_reproduced_by_the_base_recipe(encoding):
+    """Each row's parameters over SAPE's, within 2% of the paper's (both counts are rounded to 0.01M, so a delta
+    below 0.01M is 'no parameters added')."""
+    delta = base_model_parameters("--position_encoding", encoding) - base_model_parameters(
+        "--position_encoding", "sinusoidal"
+    )
+    paper = (PAPER_1_TABLE_1[encoding] - SAPE) * 1e6
+    if paper == 0:
+        assert delta < 0.01e6
+    else:
+        assert delta == pytest.approx(paper, rel=0.02)
+
+
+def test_posnet_attn_is_one_kernel_table_for_the_whole_model_by_default():
+    model = MarianPosEncForConditionalGeneration(
+        train.model_config(train.parse_args(["--recipe", "wmt14-en-de-base", "--position_encoding", "posnet_attn",
+                                             "--output_dir", "unused", "--config_overrides",
+                                             '{"encoder_layers": 1, "decoder_layers": 1, "d_model": 64}']),
+                           vocab_size=100, pad=0, eos=1)  # fmt: skip
+    )
+    tables = [name for name, _ in model.named_parameters() if "kernels" in name]
+    assert tables == ["model.encoder.position_encoding.kernels.0"]
+    assert model.model.decoder.position_encoding.layer_kernels(0) is model.model.encoder.position_encoding.layer_kernels(0)
+
+
+@pytest.mark.parametrize("recipe", ["wmt14-en-de-big", "wmt14-en-fr-big"])
+def test_big_recipes_carry_the_papers_big_settings(recipe):
+    """PosNet d_p 256 (paper 1 §5), rPosNet and LightConv window 8 (paper 2 §5.2), Shaw's k = 8 (Shaw et al.)."""
+    config = train.model_config(train.parse_args(["--recipe", recipe, "--output_dir", "unused"]), 37000, 0, 1)
+    assert (config.d_model, config.encoder_attention_heads, config.encoder_ffn_dim) == (1024, 16, 4096)
+    assert config.posnet_dim == 256
+    assert config.rposnet_max_relative_position == 8
+    assert config.lightconv_kernel_radius == 8
+    assert config.max_relative_position == 8
+    assert (config.posnet_embed_max_positions, config.posnet_attn_max_positions) == (200, 252)
+
+
+def test_base_recipe_keeps_the_base_settings():
+    config = train.model_config(train.parse_args(["--recipe", "wmt14-en-de-base", "--output_dir", "unused"]), 37000, 0, 1)
+    assert (config.posnet_dim, config.rposnet_max_relative_position, config.lightconv_kernel_radius) == (128, 16, 16)
+    assert config.max_relative_position == 16
+
+
+def test_paper_2_small_recipe_has_eight_heads_and_beam_12():
+    """Paper 2 §5.2: Small = Base with FFN 1024 and dropout 0.3; its Table 3 LinearNet count (32.0M) implies 8
+    heads with 128-position tables; §5.3: beam 12, the average of the best checkpoint and the 29 after it."""
+    args = train.parse_args(["--recipe", "iwslt14-de-en-small", "--output_dir", "unused"])
+    config = train.model_config(args, 10000, 0, 1)
+    assert (config.d_model, config.encoder_attention_heads, config.encoder_ffn_dim, config.dropout) == (512, 8, 1024, 0.3)
+    assert args.model.num_beams == 12 and args.run.average_best == 30 and args.training.save_steps == 300
