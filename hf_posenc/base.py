@@ -55,18 +55,38 @@ def positions_from_padding_mask(attention_mask: torch.Tensor | None, length: int
     return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)  # (B, L)
 
 
-def check_max_positions(
-    context: "PositionContext", max_positions: int, module_name: str, field: str = "max_position_embeddings"
-) -> None:
-    """Bounded tables raise a clear error instead of an IndexError deep inside `nn.Embedding`; `field` is the
-    config field that sizes the table."""
-    longest = context.position_count
-    if longest > max_positions:
-        raise ValueError(
-            f"Sequence of {longest} positions is longer than the {max_positions} positions of the "
+class PositionLimitError(ValueError):
+    """An input needs more positions than a bounded table holds (raised by :func:`check_max_positions`).
+
+    Its own class so that callers which expect long inputs (the length-generalisation harness) can tell "this
+    model cannot represent that length" from every other ValueError. The numbers are kept as attributes;
+    `field` is the config field that sizes the table."""
+
+    def __init__(
+        self, positions: int, max_positions: int, module_name: str, field: str = "max_position_embeddings"
+    ):
+        super().__init__(
+            f"Sequence of {positions} positions is longer than the {max_positions} positions of the "
             f"'{module_name}' table (config.{field}={max_positions}); shorten the input or "
             f"build the model with a larger {field}."
         )
+        self.positions = positions
+        self.max_positions = max_positions
+        self.module_name = module_name
+        self.field = field
+
+    def __reduce__(self):  # picklable across processes despite the multi-argument constructor
+        return type(self), (self.positions, self.max_positions, self.module_name, self.field)
+
+
+def check_max_positions(
+    context: "PositionContext", max_positions: int, module_name: str, field: str = "max_position_embeddings"
+) -> None:
+    """Bounded tables raise a clear :class:`PositionLimitError` instead of an IndexError deep inside
+    `nn.Embedding`; `field` is the config field that sizes the table."""
+    longest = context.position_count
+    if longest > max_positions:
+        raise PositionLimitError(longest, max_positions, module_name, field)
 
 
 def position_span(positions: torch.Tensor) -> tuple[int, int]:
