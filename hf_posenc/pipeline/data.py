@@ -7,6 +7,7 @@ differ, an empty split, empty lines (rejected by default, or dropped in pairs an
 
 import gzip
 import logging
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -26,12 +27,28 @@ class ParallelText:
 
 
 def read_lines(path: Path) -> list[str]:
+    """Lines of a UTF-8 text file, plain or gzip; a byte that is not UTF-8 or a damaged gzip stream is an
+    error naming the file (and the line)."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"parallel data file {path} does not exist")
     opener = gzip.open if path.suffix == ".gz" else open
-    with opener(path, "rt", encoding="utf-8") as handle:
-        return [line.rstrip("\n").rstrip("\r") for line in handle]
+    lines = []
+    try:
+        with opener(path, "rb") as handle:
+            for number, raw in enumerate(handle, start=1):
+                try:
+                    lines.append(raw.decode("utf-8").rstrip("\n").rstrip("\r"))
+                except UnicodeDecodeError as error:
+                    raise ValueError(
+                        f"{path}, line {number}: byte {raw[error.start : error.start + 1]!r} at column {error.start + 1} "
+                        "is not UTF-8; the data must be UTF-8 text"
+                    ) from None
+    except (EOFError, OSError, zlib.error) as error:
+        raise ValueError(
+            f"{path} is not a readable {'gzip' if opener is gzip.open else 'text'} file: {error}"
+        ) from None
+    return lines
 
 
 def find_split_file(data_dir: Path, split: str, lang: str) -> Path:
