@@ -314,7 +314,7 @@ def mfu_section(results: dict, trained: list[str], args) -> list[str]:
     return [
         f"Model FLOPs utilisation of the training step (absolute; peak {peak['flops'] / 1e12:.3g} TFLOP/s, "
         f"{peak['source']}; forward + backward FLOPs as counted by `torch.utils.flop_counter.FlopCounterMode`, "
-        "SDPA's CPU kernel included, optimizer not counted):",
+        "SDPA counted as eager attention, optimizer not counted):",
         "",
         table(["system", *[f"L={n}" for n in args.lengths]], rows),
         "",

@@ -266,10 +266,10 @@ class UpdateBudgetCheck(TrainerCallback):
         }
         if not state.is_world_process_zero:
             return
-        machine = f"; {self.hardware.line()}" if self.hardware is not None else ""
+        machine = self.hardware.line() if self.hardware is not None else f"{threads} threads"
         measured = (
             f"{seconds_per_update:.2f} s per update (measured over {updates} updates in {elapsed:.0f} s; "
-            f"precision {self.precision}, {threads} threads{machine})"
+            f"precision {self.precision}; {machine})"
         )
         if not too_few:
             logger.info(
