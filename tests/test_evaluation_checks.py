@@ -79,3 +79,12 @@ def test_decoding_progress_is_logged_off_a_terminal_without_changing_the_transla
     shown = translate(model, tokenizer, SOURCES, progress_stream=terminal, **kwargs)
     assert "100%|" in terminal.getvalue() and "5/5 sentences" in terminal.getvalue()
     assert logged == shown
+
+
+def test_bf16_is_blamed_only_when_too_few_updates_ran():
+    """bf16 hurts through speed: after plenty of updates, low BLEU has other causes."""
+    few = degenerate_output([""] * 200, bleu=0.0, position_encoding="learned", updates=23, precision="bf16")
+    many = degenerate_output(
+        [""] * 200, bleu=0.0, position_encoding="learned", updates=2000, precision="bf16"
+    )
+    assert any("bf16" in reason for reason in few) and not any("bf16" in reason for reason in many)

@@ -74,6 +74,23 @@ def test_bf16_is_chosen_where_it_is_measurably_faster():
     assert choice.figures["fp32_ms"] == pytest.approx(4 * choice.figures["bf16_ms"])
 
 
+def test_a_burst_of_other_work_during_one_timing_does_not_decide_the_choice():
+    """Timings alternate in rounds and keep their fastest: a 10x slower first full-size bf16 matmul (another job
+    took the cores) still leaves bf16 chosen on a bf16 CPU."""
+    timer = SimulatedMatmuls(150, 600)
+    full_size_bf16_calls = []
+
+    def bursty(dtype, rows, inner, outer):
+        seconds = timer(dtype, rows, inner, outer)
+        if dtype is torch.bfloat16 and rows == 512:
+            full_size_bf16_calls.append(seconds)
+            return seconds * (10 if len(full_size_bf16_calls) == 1 else 1)
+        return seconds
+
+    choice = choose_precision("auto", "cpu", D_MODEL, FFN_DIM, timer=bursty)
+    assert len(full_size_bf16_calls) > 2 and choice.precision == "bf16"
+
+
 def test_bf16_that_is_barely_faster_does_not_replace_fp32():
     """Below BF16_MIN_SPEEDUP the more accurate fp32 stays: probe noise must not flip the choice."""
     choice = choose_precision("auto", "cpu", D_MODEL, FFN_DIM, timer=SimulatedMatmuls(150, 150 * 1.05))

@@ -77,7 +77,7 @@ def test_with_a_budget_the_bar_shows_minutes_of_the_budget_not_steps_of_max_step
     run.end()  # draws the last frame (tqdm redraws at most every 0.1 s of real time)
     shown = terminal.getvalue()
     assert "3.0/16 min (13.0 min left)" in shown and "90 updates" in shown
-    assert "0.50 updates/s" in shown and "250 target tokens/s" in shown and "loss 4.200" in shown
+    assert "2.0 s/update" in shown and "250 target tokens/s" in shown and "loss 4.200" in shown
     assert "1000000" not in shown
     assert "19%|" in shown  # the bar fills with the budget's time
 

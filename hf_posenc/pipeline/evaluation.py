@@ -94,7 +94,11 @@ def degenerate_output(
             f"too few updates for the budget: {updates} trained, fewer than the {min_updates} a translation model "
             "needs (see the budget check's seconds per update; give more --minutes or a smaller model)"
         )
-    if precision == "bf16" and torch.device(device).type == "cpu":
+    if (
+        precision == "bf16"
+        and torch.device(device).type == "cpu"
+        and (updates is None or updates < min_updates)
+    ):
         causes.append(
             "bf16 on the CPU: a CPU without bf16 units emulates it, about 25x slower per update than fp32 "
             "(--precision auto times both, --precision fp32 avoids it)"

@@ -7,7 +7,9 @@ CPU's flags hint at which kind a machine is, but only a timing says what torch's
 
 * `choose_precision` times matmuls of the model's own feed-forward shapes in fp32, then bf16 on a small
   *scout* matmul first: an emulated bf16 is then abandoned after milliseconds, and the full-size bf16 matmul
-  runs only where bf16 is not far slower. bf16 wins when it is at least `BF16_MIN_SPEEDUP` times faster.
+  runs only where bf16 is not far slower. bf16 wins when it is at least `BF16_MIN_SPEEDUP` times faster,
+  fastest of alternating fp32/bf16 rounds (a burst of other work on a shared machine hits one round, not
+  the choice). The probe runs with torch's current threads: set them as training will first.
   On CUDA the rule is fixed: bf16 where the GPU supports it, else fp32;
 * `choose_attention_backend` times forward + backward of transformers' SDPA and our eager attention at the
   model's head shapes under that precision, and keeps the faster;
@@ -44,8 +46,12 @@ SCOUT_SLOWDOWN_LIMIT = 4.0
 SCOUT_FLOPS = 8e6  # ~25 ms when bf16 is emulated (0.3 GFLOP/s)
 PROBE_FLOPS = 3e8  # per full-size matmul: ~6 ms in fp32 on one AVX2 core
 MIN_PROBE_ROWS, MIN_SCOUT_ROWS = 64, 8  # fewer rows than this time kernel overheads more than matmuls
-TIMING_BUDGET_SECONDS = 0.05  # per timed shape: a warm-up and as many of `TIMING_REPEATS` as fit
+TIMING_BUDGET_SECONDS = 0.05  # per timing: a warm-up, one timed call, and as many more as fit
 TIMING_REPEATS = 3
+# Candidates are timed in alternating rounds, each keeping its fastest, so that a burst of other work on a
+# shared machine does not decide the choice; rounds stop after PROBE_ROUNDS or once PROBE_BUDGET_SECONDS pass.
+PROBE_ROUNDS = 3
+PROBE_BUDGET_SECONDS = 0.3
 PEAK_BUDGET_SECONDS = 0.5
 PEAK_FIRST_SIZE, PEAK_LARGEST_SIZE = 256, 8192
 
@@ -94,25 +100,29 @@ class Hardware:
 def describe_hardware(device="cpu") -> Hardware:
     """The machine that `device` ("cpu", "cuda", "cuda:1" or a torch.device) computes on."""
     device = torch.device(device)
-    cpu_info = read_cpu_info()
     if device.type == "cuda":
         major, minor = torch.cuda.get_device_capability(device)
         name, capability, flags = torch.cuda.get_device_name(device), f"{major}.{minor}", ()
     else:
+        cpu_info = read_cpu_info()
         name = cpu_info.get("model name") or platform.processor() or platform.machine()
         capability = torch.backends.cpu.get_cpu_capability()
         flags = tuple(flag for flag in cpu_info.get("flags", "").split() if "bf16" in flag)
     return Hardware(device.type, name, capability, torch.get_num_threads(), torch.__version__, flags)
 
 
+def check_choice(name: str, value: str, allowed: tuple[str, ...]) -> None:
+    if value not in allowed:
+        raise ValueError(f"{name}={value!r} is not known; allowed values: {', '.join(allowed)}")
+
+
 def autocast_dtype(precision: str, device) -> torch.dtype | None:
     """The autocast dtype of a training/decoding precision; None for fp32.
 
-    fp16 autocasts on CUDA only: the Trainer (through Accelerate) does not autocast fp16 on the CPU, so there
-    the computation stays fp32 and is timed as such.
+    fp16 autocasts on CUDA only: the Trainer does not autocast fp16 on the CPU (NOTES-transformers-v5), so
+    there the computation stays fp32 and is timed as such.
     """
-    if precision not in PRECISIONS[1:]:
-        raise ValueError(f"precision={precision!r} is not known; allowed values: {', '.join(PRECISIONS[1:])}")
+    check_choice("precision", precision, PRECISIONS[1:])
     if precision == "bf16":
         return torch.bfloat16
     if precision == "fp16" and torch.device(device).type == "cuda":
@@ -138,11 +148,12 @@ def best_seconds(
     repeats: int = TIMING_REPEATS,
     budget_seconds: float = TIMING_BUDGET_SECONDS,
 ) -> float:
-    """The fastest of up to `repeats` timed calls of `run` after one warm-up call; calls stop once
-    `budget_seconds` are spent (the warm-up's own time is returned when no timed call fits)."""
-    seconds = []
+    """The fastest of 1 to `repeats` timed calls of `run` after one untimed warm-up (first calls pay for
+    kernel selection and allocation); timed calls stop once `budget_seconds`, warm-up included, are spent."""
     started = time.perf_counter()
-    for _ in range(repeats + 1):
+    run()
+    seconds = []
+    while len(seconds) < repeats:
         synchronize(device)
         begin = time.perf_counter()
         run()
@@ -150,7 +161,19 @@ def best_seconds(
         seconds.append(time.perf_counter() - begin)
         if time.perf_counter() - started > budget_seconds:
             break
-    return min(seconds[1:]) if len(seconds) > 1 else seconds[0]
+    return min(seconds)
+
+
+def fastest_in_rounds(timers: dict, first: dict, started: float) -> dict:
+    """Seconds per candidate: the fastest of its `first` time and of further alternating rounds of `timers`
+    (candidate -> timing callable), while the probe begun at `started` is within PROBE_BUDGET_SECONDS."""
+    best = dict(first)
+    for _ in range(PROBE_ROUNDS - 1):
+        if time.perf_counter() - started > PROBE_BUDGET_SECONDS:
+            break
+        for name, timer in timers.items():
+            best[name] = min(best[name], timer())
+    return best
 
 
 def time_linear(device, dtype: torch.dtype | None, rows: int, inner: int, outer: int) -> float:
@@ -187,11 +210,6 @@ class PrecisionChoice:
         return asdict(self)
 
 
-def check_choice(name: str, value: str, allowed: tuple[str, ...]) -> None:
-    if value not in allowed:
-        raise ValueError(f"{name}={value!r} is not known; allowed values: {', '.join(allowed)}")
-
-
 def choose_precision(
     requested: str,
     device,
@@ -203,8 +221,9 @@ def choose_precision(
     """The training/decoding precision: `requested` unless it is "auto" (see the module docstring).
 
     The CPU probe times the feed-forward matmuls (tokens x d_model) @ (d_model x ffn_dim) and back, with
-    `tokens` reduced so that one matmul stays under PROBE_FLOPS; the figures are milliseconds per matmul
-    (mean of the two shapes) and the probe's wall time. `timer` replaces the real matmul timing (tests).
+    `tokens` reduced so that one matmul stays under PROBE_FLOPS (but keeps MIN_PROBE_ROWS rows); the figures
+    are milliseconds per matmul (mean of the two shapes), the scout's, the speed-up and the probe's wall time.
+    `timer` replaces the real matmul timing (tests).
     """
     check_choice("precision", requested, PRECISIONS)
     device_type = torch.device(device).type
@@ -222,7 +241,8 @@ def choose_precision(
     rows = probe_rows(tokens, d_model, ffn_dim, PROBE_FLOPS, MIN_PROBE_ROWS)
     shapes = ((rows, d_model, ffn_dim), (rows, ffn_dim, d_model))
     scout = (probe_rows(tokens, d_model, ffn_dim, SCOUT_FLOPS, MIN_SCOUT_ROWS), d_model, ffn_dim)
-    fp32_seconds = sum(timer(None, *shape) for shape in shapes) / len(shapes)
+    fp32_first = {(None, shape): timer(None, *shape) for shape in shapes}
+    fp32_seconds = sum(fp32_first.values()) / len(shapes)
     scout_fp32, scout_bf16 = timer(None, *scout), timer(torch.bfloat16, *scout)
     figures = {
         "shapes": [list(shape) for shape in shapes],
@@ -238,10 +258,20 @@ def choose_precision(
             "matmul: this CPU emulates bf16 (no bf16 units), full-size bf16 not timed"
         )
         return PrecisionChoice(requested, "fp32", reason, figures)
-    bf16_seconds = sum(timer(torch.bfloat16, *shape) for shape in shapes) / len(shapes)
+    bf16_first = {(torch.bfloat16, shape): timer(torch.bfloat16, *shape) for shape in shapes}
+    # Alternating rounds, per shape fp32 then bf16.
+    candidates = {
+        (dtype, shape): partial(timer, dtype, *shape) for shape in shapes for dtype in (None, torch.bfloat16)
+    }
+    best = fastest_in_rounds(candidates, {**fp32_first, **bf16_first}, started)
+    fp32_seconds = sum(best[(None, shape)] for shape in shapes) / len(shapes)
+    bf16_seconds = sum(best[(torch.bfloat16, shape)] for shape in shapes) / len(shapes)
     speedup = fp32_seconds / bf16_seconds
     figures.update(
-        bf16_ms=1e3 * bf16_seconds, bf16_speedup=speedup, probe_seconds=time.perf_counter() - started
+        fp32_ms=1e3 * fp32_seconds,
+        bf16_ms=1e3 * bf16_seconds,
+        bf16_speedup=speedup,
+        probe_seconds=time.perf_counter() - started,
     )
     matmul = f"{rows}x{d_model}x{ffn_dim} matmuls"
     if speedup >= BF16_MIN_SPEEDUP:
@@ -315,24 +345,16 @@ def choose_attention_backend(
     forward + backward of `tokens // length` sequences of `length` tokens under `precision`'s autocast (SDPA,
     transformers' default, on a tie). Figures: milliseconds per forward + backward of each. `timer` replaces
     the real timing (tests)."""
-    check_choice("attention backend", requested, ATTENTION_BACKENDS)
+    check_choice("attention_backend", requested, ATTENTION_BACKENDS)
     if requested != "auto":
         return AttentionChoice(requested, requested, "requested explicitly")
-    timer = timer or partial(
-        time_attention,
-        device,
-        autocast_dtype(precision, device),
-        max(1, tokens // length),
-        heads,
-        length,
-        head_dim,
-    )
+    shape = (max(1, tokens // length), heads, length, head_dim)  # (B, H, L, Dh)
+    timer = timer or partial(time_attention, device, autocast_dtype(precision, device), *shape)
     started = time.perf_counter()
-    seconds = {backend: timer(backend) for backend in ("eager", "sdpa")}
+    first = {backend: timer(backend) for backend in ("eager", "sdpa")}
+    seconds = fastest_in_rounds({backend: partial(timer, backend) for backend in first}, first, started)
     figures = {f"{backend}_ms": 1e3 * value for backend, value in seconds.items()}
-    figures.update(
-        shape=[max(1, tokens // length), heads, length, head_dim], probe_seconds=time.perf_counter() - started
-    )
+    figures.update(shape=list(shape), probe_seconds=time.perf_counter() - started)
     backend = "eager" if seconds["eager"] < seconds["sdpa"] else "sdpa"
     other = "sdpa" if backend == "eager" else "eager"
     reason = f"{backend} {seconds[other] / seconds[backend]:.2f}x the speed of {other} for {precision} forward + backward"

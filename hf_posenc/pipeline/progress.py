@@ -30,7 +30,9 @@ logger = logging.getLogger(__name__)
 # The text follows the bar: it changes width every update, a bar after it would jump.
 BAR_FORMAT = "{percentage:3.0f}%|{bar}| {desc}"
 LOG_EVERY_SECONDS = 30.0
-MIN_UPDATES = 100  # fewer leave a Transformer translating nothing (Multi30k: BLEU ~0 before ~100-200 updates)
+# Fewer updates than this leave a translation model with nothing to show: the default recipe's inverse-sqrt
+# schedule warms up for 300 updates, so at 100 the learning rate has not reached a third of its peak.
+MIN_UPDATES = 100
 
 
 def is_terminal(stream) -> bool:
@@ -62,10 +64,8 @@ class ProgressReport:
         self.every_seconds = every_seconds
         self.clock = clock
         self.last_logged = clock()
-        self.text, self.unlogged = (
-            "",
-            False,
-        )  # the latest progress text, and whether a log line still lacks it
+        self.text = ""  # the latest progress text
+        self.unlogged = False  # whether no log line has shown `text` yet
         stream = sys.stderr if stream is None else stream
         self.bar = (
             tqdm(total=total, file=stream, bar_format=BAR_FORMAT, dynamic_ncols=True)
@@ -149,7 +149,10 @@ class TrainingProgressCallback(TrainerCallback):
             ]
         else:
             parts = [f"{state.global_step}/{state.max_steps} updates", f"{elapsed / 60:.1f} min"]
-        parts += [f"{updates_per_second:.2f} updates/s", f"{human_count(tokens_per_second)} target tokens/s"]
+        speed = f"{updates_per_second:.2f} updates/s"
+        if 0 < updates_per_second < 1:
+            speed = f"{1 / updates_per_second:.1f} s/update"
+        parts += [speed, f"{human_count(tokens_per_second)} target tokens/s"]
         if self.loss is not None:
             parts.append(f"loss {self.loss:.3f}")
         if self.learning_rate is not None:
