@@ -12,15 +12,14 @@ import itertools
 import statistics
 import time
 from collections.abc import Callable
-from contextlib import nullcontext
 from dataclasses import dataclass
 
 import torch
-from torch.utils.flop_counter import FlopCounterMode
 from transformers import LogitsProcessor, LogitsProcessorList, MarianConfig, MarianMTModel
 
 from hf_posenc.configuration_marian_posenc import MarianPosEncConfig
 from hf_posenc.modeling_marian_posenc import MarianPosEncForConditionalGeneration
+from hf_posenc.pipeline.hardware import autocast, synchronize, training_flops
 
 # Model sizes shared by the benchmark scripts. "base" is paper 1's Transformer base (§5.1); the paper base is
 # too slow for many variants on 2 CPU cores, "small" keeps the ratios meaningful there.
@@ -97,17 +96,6 @@ def count_parameters(base_fields: dict, overrides: dict | None = None, precomput
     return meta_model(base_fields, overrides, precomputed).num_parameters(only_trainable=True)
 
 
-def autocast(device, dtype: torch.dtype | None):
-    if dtype is None:
-        return nullcontext()
-    return torch.autocast(device_type=torch.device(device).type, dtype=dtype)
-
-
-def synchronize(device) -> None:
-    if torch.device(device).type == "cuda":
-        torch.cuda.synchronize()
-
-
 def interleaved_median_seconds(work: dict[str, Callable[[], None]], repeats: int, device) -> dict[str, float]:
     """Median seconds of each callable: one warm-up each, then `repeats` rounds over all of them in turn, so
     machine noise hits every system alike."""
@@ -173,15 +161,6 @@ def saved_activation_bytes(model, batch, exclude_parameters: bool = False) -> in
     loss.backward()
     model.zero_grad(set_to_none=True)
     return sum(storages.values())
-
-
-def training_flops(model, batch, device, autocast_dtype) -> int:
-    """FLOPs of one forward + backward as torch's FlopCounterMode counts them (matmuls, convolutions and
-    attention kernels: the "model FLOPs" of MFU; the optimizer and elementwise ops are not counted)."""
-    with FlopCounterMode(display=False) as counter, autocast(device, autocast_dtype):
-        model(**batch).loss.backward()
-    model.zero_grad(set_to_none=True)
-    return counter.get_total_flops()
 
 
 def training_memory_bytes(model, optimizer, batch, device, autocast_dtype) -> int:

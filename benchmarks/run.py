@@ -11,8 +11,11 @@ attention stays content attention, as in paper 2's models) and, for mixers that 
 energies, `<mixer>_precomputed` (inference only). Measured, with systems interleaved and the median of
 --repeats: training-step target tokens/s (fwd+bwd+AdamW) and memory per length, paper 1's forward benchmark
 (one fixed batch forwarded 10×), greedy and beam-4 generation tokens/s (exactly --new-tokens per sequence),
-per-token decoding time vs prefix length, and parameter counts. Writes <output>/benchmarks.md (ratios vs
-stock Marian, machine, versions, date, command, targets), benchmarks_*.png and benchmarks.json.
+per-token decoding time vs prefix length, parameter counts, and the model FLOPs utilisation (MFU) of the
+training step: FLOPs counted by torch's FlopCounterMode per second, over the dense matmul peak of the
+measured precision *measured on this machine* with the same threads (--peak-tflops gives a datasheet peak
+instead, e.g. on a GPU). Writes <output>/benchmarks.md (ratios vs stock Marian, machine, versions, date,
+command, targets), benchmarks_*.png and benchmarks.json.
 """
 
 import argparse
@@ -42,6 +45,7 @@ from benchmarks.harness import (
     interleaved_median_seconds,
     synthetic_batch,
 )
+from hf_posenc.pipeline.hardware import matmul_peak_flops
 from hf_posenc.pipeline.systems import System, benchmark_systems
 
 matplotlib.use("Agg")
@@ -109,8 +113,9 @@ def parse_args(argv):
     parser.add_argument(
         "--peak-tflops",
         type=float,
-        help="the device's peak dense TFLOP/s in the measured precision (e.g. 989 for H100 SXM bf16): adds "
-        "model FLOPs utilisation of the training step (fwd+bwd FLOPs counted by torch's FlopCounterMode)",
+        help="the device's peak dense TFLOP/s in the measured precision (e.g. 989 for H100 SXM bf16), the "
+        "denominator of the training step's model FLOPs utilisation; default: a dense matmul of that precision "
+        "measured on this machine",
     )
     parser.add_argument(
         "--max-positions", type=int, help="max_position_embeddings (default: the longest length measured)"
@@ -158,18 +163,30 @@ def measure_training(systems, fields, args, dtype) -> dict:
         steps_per_repeat=1,
         device=args.device,
         autocast_dtype=dtype,
-        count_flops=args.peak_tflops is not None,
+        count_flops=True,
     )
-    measured = {
+    peak = peak_flops(args)
+    return {
         "tokens_per_second": {f"{r.variant}@{r.length}": r.tokens_per_second for r in results},
         "memory_bytes": {f"{r.variant}@{r.length}": r.memory_bytes for r in results},
-    }
-    if args.peak_tflops is not None:  # model FLOPs utilisation: counted FLOPs/s over the device's peak
-        measured["mfu"] = {
-            f"{r.variant}@{r.length}": r.flops_per_token * r.tokens_per_second / (args.peak_tflops * 1e12)
+        "peak": peak,
+        # model FLOPs utilisation: counted FLOPs per second over the peak
+        "mfu": {
+            f"{r.variant}@{r.length}": r.flops_per_token * r.tokens_per_second / peak["flops"]
             for r in results
-        }
-    return measured
+        },
+    }
+
+
+def peak_flops(args) -> dict:
+    """The MFU denominator: --peak-tflops when given, else the measured dense matmul FLOP/s of the benchmark's
+    precision with its threads (measured after the systems' training steps, on a warm machine)."""
+    precision = "bf16" if args.bf16 else "fp32"
+    if args.peak_tflops is not None:
+        return {"flops": args.peak_tflops * 1e12, "source": f"given (--peak-tflops {args.peak_tflops})"}
+    flops = matmul_peak_flops(precision, args.device)
+    source = f"measured: dense {precision} matmul on this machine, {torch.get_num_threads()} thread(s)"
+    return {"flops": flops, "source": source}
 
 
 def eval_models(systems, fields, args) -> dict:
@@ -289,16 +306,15 @@ def table(title_cells: list[str], rows: list[str]) -> str:
 
 
 def mfu_section(results: dict, trained: list[str], args) -> list[str]:
-    if "mfu" not in results["training"]:
-        return []
-    mfu = results["training"]["mfu"]
+    mfu, peak = results["training"]["mfu"], results["training"]["peak"]
     rows = [
         f"| {n} | " + " | ".join(f"{100 * mfu[f'{n}@{length}']:.1f}%" for length in args.lengths) + " |"
         for n in trained
     ]
     return [
-        f"Model FLOPs utilisation of the training step (absolute; peak {args.peak_tflops} TFLOP/s; forward + "
-        "backward FLOPs as counted by `torch.utils.flop_counter.FlopCounterMode`, optimizer not counted):",
+        f"Model FLOPs utilisation of the training step (absolute; peak {peak['flops'] / 1e12:.3g} TFLOP/s, "
+        f"{peak['source']}; forward + backward FLOPs as counted by `torch.utils.flop_counter.FlopCounterMode`, "
+        "SDPA counted as eager attention, optimizer not counted):",
         "",
         table(["system", *[f"L={n}" for n in args.lengths]], rows),
         "",
@@ -563,6 +579,10 @@ def main(argv=None):
         print(f"[bench] {name} took {results['phase_seconds'][name]} s", file=sys.stderr, flush=True)
 
     phase("training", measure_training, systems, fields)
+    peak, mfu = results["training"]["peak"], results["training"]["mfu"]
+    print(f"[bench] peak {peak['flops'] / 1e12:.3g} TFLOP/s ({peak['source']}); {BASELINE} MFU "
+          + ", ".join(f"L={n}: {100 * mfu[f'{BASELINE}@{n}']:.1f}%" for n in args.lengths),
+          file=sys.stderr, flush=True)  # fmt: skip
     phase("forward_seconds", measure_forward, systems, fields)
     models = eval_models(systems, fields, args)
     phase("generation", measure_generation, models)

@@ -10,7 +10,7 @@ from conftest import REPO
 from benchmarks.harness import MARIAN_FIELDS, MODEL_SIZES, count_parameters
 
 sys.path.insert(0, str(REPO / "benchmarks"))
-from run import select_systems  # noqa: E402
+from run import parse_args, peak_flops, select_systems  # noqa: E402
 
 
 def test_benchmark_command_writes_tables_and_plots_for_every_system(tmp_path):
@@ -33,7 +33,7 @@ def test_benchmark_command_writes_tables_and_plots_for_every_system(tmp_path):
     ]
     command += ["--forward-times", "2", "--repeats", "1", "--generation-batch-sizes", "1", "2"]
     command += ["--source-length", "5", "--new-tokens", "3", "--decode-prefixes", "3", "6"]
-    command += ["--peak-tflops", "1", "--output-dir", str(tmp_path)]
+    command += ["--output-dir", str(tmp_path)]
     subprocess.run(command, check=True, cwd=REPO, timeout=120)
 
     markdown = (tmp_path / "benchmarks.md").read_text()
@@ -44,7 +44,7 @@ def test_benchmark_command_writes_tables_and_plots_for_every_system(tmp_path):
     assert (
         "- shaw train ≥ 0.85: **" in markdown and "per-token decode growth 3→6" in markdown
     )  # targets judged
-    assert "Model FLOPs utilisation" in markdown
+    assert "Model FLOPs utilisation" in markdown and "measured: dense fp32 matmul on this machine" in markdown
     assert "old tables" not in markdown and markdown.endswith(notes)
     assert "python -m benchmarks.run --config tiny" in markdown
 
@@ -56,6 +56,15 @@ def test_benchmark_command_writes_tables_and_plots_for_every_system(tmp_path):
     for plot in ("benchmarks_throughput.png", "benchmarks_decode.png"):
         png = (tmp_path / plot).read_bytes()
         assert png.startswith(b"\x89PNG") and b"systems: marian, shaw, rposnet_precomputed" in png
+
+
+def test_a_given_peak_replaces_the_measured_one_in_mfu(monkeypatch):
+    """--peak-tflops (a GPU's datasheet peak) is used as given, without measuring."""
+    import run
+
+    monkeypatch.setattr(run, "matmul_peak_flops", lambda *args: pytest.fail("the peak was given"))
+    peak = peak_flops(parse_args(["--peak-tflops", "989"]))
+    assert peak["flops"] == 989e12 and "given" in peak["source"]
 
 
 @pytest.mark.parametrize("system", select_systems(None), ids=lambda system: system.name)

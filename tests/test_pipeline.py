@@ -209,6 +209,9 @@ def test_evaluate_translation_script_decodes_scores_and_compares(multi30k_dir, t
                                          "--num_beams", "1", "--output", str(tmp_path / "decoded.json")])  # fmt: skip
     assert len((folder / "evaluation.hyp").read_text().splitlines()) == 1000
     assert "nrefs:1|case:mixed|eff:no|tok:13a" in decoded["scores"]["bleu_signature"]
+    assert (
+        decoded["precision"]["requested"] == "auto" and decoded["hardware"]["device"] == "cpu"
+    )  # how it decoded
 
 
 LAUNCHERS = {

@@ -8,10 +8,12 @@ import pytest
 import torch
 from conftest import EOS, PAD, VOCAB, tiny_model
 
+from hf_posenc.analysis import word_order_probe as probe_module
 from hf_posenc.analysis.word_order_probe import (
     equivariance_gap,
     main,
     token_permutation,
+    translate,
     word_order_probe,
     word_permutation,
 )
@@ -108,3 +110,38 @@ def test_cli_prints_one_json_row_per_permutation_kind(tokenizer, tmp_path, capsy
     rows = json.loads(capsys.readouterr().out)
     assert [row["kind"] for row in rows] == ["shuffle", "local_swap"]
     assert all(row["sentences"] == 3 and row["equivariance_gap"] > 0 for row in rows)
+
+
+def test_bf16_translation_decodes_under_bf16_autocast(tokenizer, monkeypatch):
+    model = tiny_model()
+    autocast_seen = []
+    generate = model.generate
+
+    def recording_generate(*args, **kwargs):
+        autocast_seen.append(
+            torch.is_autocast_enabled("cpu") and torch.get_autocast_dtype("cpu") == torch.bfloat16
+        )
+        return generate(*args, **kwargs)
+
+    monkeypatch.setattr(model, "generate", recording_generate)
+    ids = [tokenizer(sentence)["input_ids"] for sentence in SENTENCES]
+    translate(model, tokenizer, ids, batch_size=8, bf16=True, max_new_tokens=2)
+    translate(model, tokenizer, ids, batch_size=8, max_new_tokens=2)
+    assert autocast_seen == [True, False]
+
+
+@pytest.mark.parametrize("precision, bf16", [("bf16", True), ("fp32", False)])
+def test_cli_precision_flag_sets_the_decoding_precision(
+    tokenizer, tmp_path, monkeypatch, capsys, precision, bf16
+):
+    tiny_model().save_pretrained(tmp_path)
+    tokenizer.save_pretrained(tmp_path)
+    decoded_bf16 = set()
+
+    def recording_translate(model, tokenizer, input_ids, batch_size, bf16=False, **kwargs):
+        decoded_bf16.add(bf16)
+        return ["x"] * len(input_ids)
+
+    monkeypatch.setattr(probe_module, "translate", recording_translate)
+    main([str(tmp_path), "--sentences", *SENTENCES, "--permutations", "1", "--precision", precision])
+    assert decoded_bf16 == {bf16}

@@ -1,29 +1,46 @@
-"""Translation evaluation: decoding, sacreBLEU scores with signatures, paired bootstrap resampling, and
-the n-gram sweep of paper 1 (Fig. 4).
+"""Translation evaluation: decoding, sacreBLEU scores with signatures, paired bootstrap resampling, the
+n-gram sweep of paper 1 (Fig. 4), and a check that a run's output is not garbage.
 
 Scores are computed on detokenised text with sacreBLEU: BLEU (13a tokenisation) and chrF++ (character
 6-grams + word 2-grams). Significance follows paper 1: paired bootstrap resampling (Koehn 2004) against a
 baseline system, marked at p < 0.05 and p < 0.10.
 """
 
+import time
+
 import torch
 from sacrebleu.metrics import BLEU, CHRF
 from sacrebleu.significance import PairedTest
 
+from .progress import LOG_EVERY_SECONDS, MIN_UPDATES, ProgressReport
+
 SIGNIFICANCE_LEVELS = (0.05, 0.10)
+SMALL_TEST_SET = 100  # sentences: below this, corpus BLEU says little
 
 
 @torch.no_grad()
 def translate(
-    model, tokenizer, sentences: list[str], batch_size: int = 64, bf16: bool = False, **generate_kwargs
+    model,
+    tokenizer,
+    sentences: list[str],
+    batch_size: int = 64,
+    bf16: bool = False,
+    *,
+    progress_every_seconds: float = LOG_EVERY_SECONDS,
+    progress_stream=None,
+    **generate_kwargs,
 ) -> list[str]:
     """Translate in length-sorted batches (less padding), returning outputs in the input order.
 
-    Decoding settings come from the model's generation config unless given in `generate_kwargs`.
+    Decoding settings come from the model's generation config unless given in `generate_kwargs`. Progress
+    (sentences done/total) goes to a tqdm bar when `progress_stream` (default stderr) is a terminal, else to
+    log lines every `progress_every_seconds`.
     """
     model.eval()
     order = sorted(range(len(sentences)), key=lambda i: len(sentences[i]))
     outputs = [None] * len(sentences)
+    report = ProgressReport(len(sentences), "decoding", progress_every_seconds, progress_stream)
+    started = time.monotonic()
     for start in range(0, len(order), batch_size):
         indices = order[start : start + batch_size]
         batch = tokenizer([sentences[i] for i in indices], return_tensors="pt", padding=True).to(model.device)
@@ -33,7 +50,73 @@ def translate(
             indices, tokenizer.batch_decode(generated, skip_special_tokens=True), strict=True
         ):
             outputs[index] = text
+        done = start + len(indices)
+        rate = done / max(time.monotonic() - started, 1e-9)
+        report.update(done, f"{done}/{len(sentences)} sentences, {rate:.1f} sentences/s")
+    report.close()
     return outputs
+
+
+def degenerate_output(
+    hypotheses: list[str],
+    bleu: float,
+    position_encoding: str,
+    *,
+    updates: int | None = None,
+    warmup_steps: int | None = None,
+    precision: str | None = None,
+    device: str = "cpu",
+    min_updates: int = MIN_UPDATES,
+) -> list[str]:
+    """Why a finished run's translations look like garbage, as sentences for logs and scores.json; [] when
+    they do not.
+
+    Fires when more than half the hypotheses are empty, or when BLEU is below 1 for a model with a position
+    encoding (without one, a bag-of-words model may legitimately score that low). The returned list names the
+    symptoms, then the likely causes; the optional facts of the run (`updates` trained, `warmup_steps`,
+    `precision`) make the causes specific.
+    """
+    empty = sum(not hypothesis.strip() for hypothesis in hypotheses)
+    symptoms = []
+    if empty > len(hypotheses) / 2:
+        symptoms.append(f"{empty} of {len(hypotheses)} translations are empty")
+    if bleu < 1 and position_encoding != "none":
+        symptoms.append(f"BLEU {bleu:.2f} is below 1 with position encoding {position_encoding!r}")
+    if not symptoms:
+        return []
+    causes = []
+    if updates is None:
+        causes.append(
+            "too few updates for the time budget: compare the updates trained with the budget check"
+        )
+    elif updates < min_updates:
+        causes.append(
+            f"too few updates for the budget: {updates} trained, fewer than the {min_updates} a translation model "
+            "needs (see the budget check's seconds per update; give more --minutes or a smaller model)"
+        )
+    if (
+        precision == "bf16"
+        and torch.device(device).type == "cpu"
+        and (updates is None or updates < min_updates)
+    ):
+        causes.append(
+            "bf16 on the CPU: a CPU without bf16 units emulates it, about 25x slower per update than fp32 "
+            "(--precision auto times both, --precision fp32 avoids it)"
+        )
+    if updates is not None and warmup_steps and updates < warmup_steps:
+        causes.append(
+            f"the learning rate never reached its peak: {updates} updates < {warmup_steps} warm-up steps"
+        )
+    causes.append(
+        "the learning rate: too high diverges (the loss stops falling or turns NaN), too low barely moves "
+        "(--learning_rate, --warmup_steps)"
+    )
+    if len(hypotheses) < SMALL_TEST_SET:
+        causes.append(
+            f"only {len(hypotheses)} test sentences (--test_limit): corpus BLEU on so few is noisy and can be 0 "
+            "for a model that works"
+        )
+    return symptoms + [f"likely cause: {cause}" for cause in causes]
 
 
 def check_aligned(hypotheses: list[str], references: list[str], name: str = "hypotheses") -> None:

@@ -1,0 +1,90 @@
+"""Decoding shows its progress without changing its output, and a finished run's garbage output is named as
+such with its likely causes (hf_posenc/pipeline/evaluation.py)."""
+
+import io
+import logging
+
+import pytest
+from conftest import tiny_model
+
+from hf_posenc.pipeline.evaluation import degenerate_output, translate
+from hf_posenc.pipeline.tokenization import train_joint_bpe
+
+GOOD_RUN = ["Ein Mann fährt Fahrrad.", "Zwei Hunde spielen im Schnee.", "Eine Frau liest ein Buch."] * 40
+
+
+def test_a_good_run_is_not_flagged():
+    assert degenerate_output(GOOD_RUN, bleu=34.6, position_encoding="sinusoidal", updates=1003) == []
+
+
+def test_mostly_empty_translations_are_flagged_with_the_likely_causes():
+    """The failure this guards against: 23 updates of emulated bf16 in 16 minutes, then exit 0."""
+    hypotheses = [""] * 900 + GOOD_RUN[:100]
+    reasons = degenerate_output(
+        hypotheses, bleu=0.0, position_encoding="sinusoidal", updates=23, warmup_steps=300, precision="bf16"
+    )
+    assert reasons[:2] == [
+        "900 of 1000 translations are empty",
+        "BLEU 0.00 is below 1 with position encoding 'sinusoidal'",
+    ]
+    causes = " | ".join(reasons[2:])
+    assert all(reason.startswith("likely cause: ") for reason in reasons[2:])
+    assert "23 trained, fewer than the 100" in causes and "--precision" in causes
+    assert "23 updates < 300 warm-up steps" in causes and "--learning_rate" in causes
+    assert "--test_limit" not in causes  # 1000 test sentences are plenty
+
+
+def test_empty_translations_are_flagged_even_when_bleu_is_not_reported_low():
+    reasons = degenerate_output([""] * 6 + ["Ein Hund."] * 4, bleu=5.0, position_encoding="learned")
+    assert reasons[0] == "6 of 10 translations are empty"
+    assert any("--test_limit" in reason for reason in reasons)  # 10 test sentences: BLEU says little
+
+
+def test_low_bleu_without_a_position_encoding_is_not_flagged():
+    """A bag-of-words model may score below 1 legitimately."""
+    assert degenerate_output(GOOD_RUN, bleu=0.4, position_encoding="none") == []
+    assert degenerate_output(GOOD_RUN, bleu=0.4, position_encoding="rope") != []
+
+
+class Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+SOURCES = ["a dog runs", "a man", "two dogs run on the grass", "a woman reads", "children play"]
+
+
+@pytest.fixture(scope="module")
+def model_and_tokenizer():
+    tokenizer = train_joint_bpe(SOURCES * 3, vocab_size=60)
+    return tiny_model(max_position_embeddings=64), tokenizer
+
+
+def test_decoding_progress_is_logged_off_a_terminal_without_changing_the_translations(
+    model_and_tokenizer, caplog
+):
+    model, tokenizer = model_and_tokenizer
+    caplog.set_level(logging.INFO, logger="hf_posenc.pipeline.progress")
+    kwargs = dict(batch_size=2, num_beams=1, max_new_tokens=4)
+    logged = translate(
+        model, tokenizer, SOURCES, progress_every_seconds=0, progress_stream=io.StringIO(), **kwargs
+    )
+    lines = [record.getMessage() for record in caplog.records]
+    assert [line.split(",")[0] for line in lines] == [
+        "decoding: 2/5 sentences",
+        "decoding: 4/5 sentences",
+        "decoding: 5/5 sentences",
+    ]
+    terminal = Terminal()
+    shown = translate(model, tokenizer, SOURCES, progress_stream=terminal, **kwargs)
+    assert "100%|" in terminal.getvalue() and "5/5 sentences" in terminal.getvalue()
+    assert logged == shown
+
+
+def test_bf16_is_blamed_only_when_too_few_updates_ran():
+    """bf16 hurts through speed: after plenty of updates, low BLEU has other causes."""
+    few = degenerate_output([""] * 200, bleu=0.0, position_encoding="learned", updates=23, precision="bf16")
+    many = degenerate_output(
+        [""] * 200, bleu=0.0, position_encoding="learned", updates=2000, precision="bf16"
+    )
+    assert any("bf16" in reason for reason in few) and not any("bf16" in reason for reason in many)

@@ -1,0 +1,206 @@
+"""Precision and attention-backend choice by measurement, the MFU peak and FLOP count
+(hf_posenc/pipeline/hardware.py).
+
+The choosers take their timers as arguments, so both kinds of CPU are simulated here: one emulating bf16
+(~500x slower per FLOP than fp32, as on AVX2-only CPUs) and one with bf16 units. A few tests time the real
+thing on this machine, for bounds only: which precision wins here is not asserted.
+"""
+
+import json
+import time
+
+import pytest
+import torch
+from conftest import tiny_model
+
+from hf_posenc.pipeline import hardware
+from hf_posenc.pipeline.hardware import (
+    BF16_MIN_SPEEDUP,
+    SCOUT_FLOPS,
+    choose_attention_backend,
+    choose_precision,
+    describe_hardware,
+    matmul_peak_flops,
+    model_flops_per_target_token,
+)
+
+D_MODEL, FFN_DIM = 256, 1024
+
+
+class SimulatedMatmuls:
+    """A matmul timer for a CPU doing `fp32_gflops` in fp32 and `bf16_gflops` in bf16; records its calls."""
+
+    def __init__(self, fp32_gflops: float, bf16_gflops: float):
+        self.gflops = {None: fp32_gflops, torch.bfloat16: bf16_gflops}
+        self.calls = []
+
+    def __call__(self, dtype, rows, inner, outer):
+        self.calls.append((dtype, rows, inner, outer))
+        return 2 * rows * inner * outer / (self.gflops[dtype] * 1e9)
+
+    def simulated_seconds(self) -> float:
+        """The time the recorded matmuls would have taken on this CPU."""
+        return sum(
+            2 * rows * inner * outer / (self.gflops[dtype] * 1e9) for dtype, rows, inner, outer in self.calls
+        )
+
+
+def refuse_to_measure(*args):
+    raise AssertionError("nothing should be measured here")
+
+
+def test_emulated_bf16_is_abandoned_after_one_small_scout_matmul():
+    """An AVX2-only CPU (bf16 0.3 vs fp32 143 GFLOP/s): fp32 is chosen, and no full-size bf16 matmul runs, so
+    the probe costs milliseconds there too."""
+    timer = SimulatedMatmuls(fp32_gflops=143, bf16_gflops=0.3)
+    choice = choose_precision("auto", "cpu", D_MODEL, FFN_DIM, timer=timer)
+    assert choice.precision == "fp32" and "emulates bf16" in choice.reason
+    bf16_calls = [call for call in timer.calls if call[0] is torch.bfloat16]
+    assert len(bf16_calls) == 1
+    _, rows, inner, outer = bf16_calls[0]
+    assert 2 * rows * inner * outer <= SCOUT_FLOPS
+    assert (
+        "bf16_ms" not in choice.figures
+        and choice.figures["scout_bf16_ms"] > 100 * choice.figures["scout_fp32_ms"]
+    )
+    assert timer.simulated_seconds() < 0.1
+
+
+def test_bf16_is_chosen_where_it_is_measurably_faster():
+    """A CPU with bf16 units (bf16 ~4x fp32): bf16, with the measured speed-up in the figures."""
+    choice = choose_precision("auto", "cpu", D_MODEL, FFN_DIM, timer=SimulatedMatmuls(150, 600))
+    assert choice.precision == "bf16"
+    assert choice.figures["bf16_speedup"] == pytest.approx(4.0)
+    assert choice.figures["fp32_ms"] == pytest.approx(4 * choice.figures["bf16_ms"])
+
+
+def test_a_burst_of_other_work_during_one_timing_does_not_decide_the_choice():
+    """Timings alternate in rounds and keep their fastest: a 10x slower first full-size bf16 matmul (another job
+    took the cores) still leaves bf16 chosen on a bf16 CPU."""
+    timer = SimulatedMatmuls(150, 600)
+    full_size_bf16_calls = []
+
+    def bursty(dtype, rows, inner, outer):
+        seconds = timer(dtype, rows, inner, outer)
+        if dtype is torch.bfloat16 and rows == 512:
+            full_size_bf16_calls.append(seconds)
+            return seconds * (10 if len(full_size_bf16_calls) == 1 else 1)
+        return seconds
+
+    choice = choose_precision("auto", "cpu", D_MODEL, FFN_DIM, timer=bursty)
+    assert len(full_size_bf16_calls) > 2 and choice.precision == "bf16"
+
+
+def test_bf16_that_is_barely_faster_does_not_replace_fp32():
+    """Below BF16_MIN_SPEEDUP the more accurate fp32 stays: probe noise must not flip the choice."""
+    choice = choose_precision("auto", "cpu", D_MODEL, FFN_DIM, timer=SimulatedMatmuls(150, 150 * 1.05))
+    assert choice.precision == "fp32" and f"needs {BF16_MIN_SPEEDUP}x" in choice.reason
+
+
+@pytest.mark.parametrize("requested", ["bf16", "fp16", "fp32"])
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_an_explicit_precision_is_honoured_and_recorded_without_probing(requested, device):
+    choice = choose_precision(requested, device, D_MODEL, FFN_DIM, timer=refuse_to_measure)
+    assert (choice.requested, choice.precision, choice.reason) == (
+        requested,
+        requested,
+        "requested explicitly",
+    )
+    assert json.loads(json.dumps(choice.as_dict()))["precision"] == requested
+
+
+@pytest.mark.parametrize("supported, expected", [(True, "bf16"), (False, "fp32")])
+def test_auto_on_cuda_follows_the_gpus_bf16_support(monkeypatch, supported, expected):
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *args, **kwargs: supported)
+    choice = choose_precision("auto", "cuda", D_MODEL, FFN_DIM, timer=refuse_to_measure)
+    assert choice.precision == expected and "CUDA" in choice.reason
+
+
+def test_unknown_choices_name_the_allowed_values():
+    with pytest.raises(ValueError, match="'bfloat16'.*auto, bf16, fp16, fp32"):
+        choose_precision("bfloat16", "cpu", D_MODEL, FFN_DIM)
+    with pytest.raises(ValueError, match="'flash'.*auto, eager, sdpa"):
+        choose_attention_backend("flash", "fp32", "cpu", 4, 64)
+
+
+def test_precision_probe_on_this_machine_is_bounded():
+    """The real probe at the default recipe's shapes and at paper 1's base shapes: well under a second."""
+    for d_model, ffn_dim in ((256, 1024), (512, 2048)):
+        started = time.perf_counter()
+        choice = choose_precision("auto", "cpu", d_model, ffn_dim)
+        wall = time.perf_counter() - started
+        assert wall < 1.0, (wall, choice)
+        assert choice.precision in ("bf16", "fp32") and choice.figures["fp32_ms"] > 0
+        assert choice.figures["probe_seconds"] <= wall
+
+
+@pytest.mark.parametrize("faster", ["eager", "sdpa"])
+def test_attention_backend_auto_picks_the_faster(faster):
+    seconds = {"eager": 2e-3, "sdpa": 2e-3}
+    seconds[faster] = 1e-3
+    choice = choose_attention_backend("auto", "bf16", "cpu", 4, 64, timer=seconds.__getitem__)
+    assert choice.backend == faster and "2.00x" in choice.reason
+    assert choice.figures[f"{faster}_ms"] == pytest.approx(1.0)
+
+
+def test_attention_backend_explicit_is_honoured_without_probing():
+    choice = choose_attention_backend("eager", "bf16", "cpu", 4, 64, timer=refuse_to_measure)
+    assert (choice.backend, choice.reason) == ("eager", "requested explicitly")
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_attention_probe_times_both_real_backends_quickly(precision):
+    started = time.perf_counter()
+    choice = choose_attention_backend("auto", precision, "cpu", heads=4, head_dim=64)
+    assert time.perf_counter() - started < 1.0
+    assert (
+        choice.backend in ("eager", "sdpa")
+        and choice.figures["eager_ms"] > 0
+        and choice.figures["sdpa_ms"] > 0
+    )
+
+
+def test_matmul_peak_is_positive_and_bounded():
+    started = time.perf_counter()
+    peak = matmul_peak_flops("fp32", "cpu", budget_seconds=0.3)
+    assert time.perf_counter() - started < 1.0
+    assert 1e8 < peak < 1e14  # FLOP/s: a plausible CPU, not a unit slip
+
+
+def test_peak_measurement_stops_early_when_matmuls_are_slow(monkeypatch):
+    """An emulated bf16 (~0.1 s for the first 256² matmul) must not be timed at 2048² (~60 s)."""
+    sizes = []
+
+    def slow_best_seconds(run, device, budget_seconds):
+        sizes.append(run.args[0].shape[0])
+        return 2 * sizes[-1] ** 3 / 0.3e9
+
+    monkeypatch.setattr(hardware, "best_seconds", slow_best_seconds)
+    assert matmul_peak_flops("bf16", "cpu", budget_seconds=0.5) == pytest.approx(0.3e9)
+    assert sizes == [256]
+
+
+def test_model_flops_are_counted_and_sdpa_counts_as_eager_attention():
+    """FlopCounterMode alone counts 0 FLOPs for SDPA's CPU kernel; with our formulas SDPA and eager attention
+    count the same model FLOPs (so MFU compares systems on different backends fairly)."""
+    counts = {}
+    for backend in ("eager", "sdpa"):
+        model = tiny_model(attn_implementation=backend).train()
+        counts[backend] = model_flops_per_target_token(model, 12, 10, 3, "cpu", None)
+        assert all(p.grad is None for p in model.parameters())  # gradients cleared
+    assert counts["sdpa"] > 0 and counts["sdpa"] == pytest.approx(counts["eager"])
+
+
+def test_hardware_description_is_one_line_and_json():
+    machine = describe_hardware("cpu")
+    line = machine.line()
+    assert "\n" not in line and f"CPU capability {torch.backends.cpu.get_cpu_capability()}" in line
+    assert f"{torch.get_num_threads()} threads" in line and f"torch {torch.__version__}" in line
+    assert json.loads(json.dumps(machine.as_dict()))["device"] == "cpu"
+
+
+def test_gpu_description_names_the_gpu_and_its_compute_capability(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA H100 80GB HBM3")
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
+    line = describe_hardware("cuda").line()
+    assert line.startswith("NVIDIA H100 80GB HBM3, compute capability 9.0,")
