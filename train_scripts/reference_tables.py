@@ -40,7 +40,9 @@ def recipe_table() -> str:
     rows = ["| recipe | " + " | ".join(RECIPE_COLUMNS) + " |", "|" + " --- |" * (len(RECIPE_COLUMNS) + 1)]
     for name in recipe_names():
         recipe = load_recipe(name)
-        rows.append(f"| `{name}` | " + " | ".join(str(cell(recipe)) for cell in RECIPE_COLUMNS.values()) + " |")
+        rows.append(
+            f"| `{name}` | " + " | ".join(str(cell(recipe)) for cell in RECIPE_COLUMNS.values()) + " |"
+        )
     return "\n".join(rows)
 
 
@@ -54,7 +56,9 @@ def hyperparameter_table() -> str:
             seen.add(field)
             kind = getattr(hyperparameter.type, "__name__", str(hyperparameter.type))
             choices = f" ({', '.join(map(str, hyperparameter.choices))})" if hyperparameter.choices else ""
-            rows.append(f"| `{name}` | `{field}` | {kind} | `{hyperparameter.default!r}` | {hyperparameter.doc}{choices} |")
+            rows.append(
+                f"| `{name}` | `{field}` | {kind} | `{hyperparameter.default!r}` | {hyperparameter.doc}{choices} |"
+            )
     return "\n".join(rows)
 
 
@@ -76,7 +80,9 @@ def render(path: Path) -> str:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--check", action="store_true", help="only report sections that are out of date")
     args = parser.parse_args(argv)
     stale = []

@@ -34,15 +34,6 @@ from typing import Literal
 
 import torch
 import yaml
-from hf_posenc.pipeline.augmentation import concatenate_consecutive
-from hf_posenc.pipeline.hardware import (
-    choose_attention_backend,
-    choose_precision,
-    describe_hardware,
-    matmul_peak_flops,
-    model_flops_per_target_token,
-)
-from hf_posenc.pipeline.progress import BudgetCheckCallback, TrainingProgressCallback
 from transformers import (
     DataCollatorForSeq2Seq,
     HfArgumentParser,
@@ -54,11 +45,20 @@ from transformers.trainer_callback import ProgressCallback
 
 from hf_posenc import MarianPosEncConfig, MarianPosEncForConditionalGeneration
 from hf_posenc.modeling_marian_posenc import PAPER_1_DECODING
+from hf_posenc.pipeline.augmentation import concatenate_consecutive
 from hf_posenc.pipeline.averaging import average_into, select_checkpoints
 from hf_posenc.pipeline.batching import TokenBudgetBatchSampler
 from hf_posenc.pipeline.data import ParallelText, read_hf_translation, read_parallel, read_split
 from hf_posenc.pipeline.evaluation import degenerate_output, score_translations, translate
+from hf_posenc.pipeline.hardware import (
+    choose_attention_backend,
+    choose_precision,
+    describe_hardware,
+    matmul_peak_flops,
+    model_flops_per_target_token,
+)
 from hf_posenc.pipeline.model_card import MULTI30K_NOTE, write_model_card
+from hf_posenc.pipeline.progress import TrainingProgressCallback, UpdateBudgetCheck
 from hf_posenc.pipeline.tokenization import train_joint_bpe
 from hf_posenc.pipeline.training import (
     TimeBudgetCallback,
@@ -413,9 +413,13 @@ def build_model(args: Arguments, data: PreparedData):
     model.generation_config.update(**generation)
     config = model.config
     device = args.training.device.type
-    precision = choose_precision(args.run.precision, device, config.d_model, config.encoder_ffn_dim)
-    backend = choose_attention_backend(args.model.attention_backend, precision.precision, device,
-                                       config.encoder_attention_heads, config.d_model // config.encoder_attention_heads)  # fmt: skip
+    tokens = min(args.data.max_tokens or 512, 512)
+    precision = choose_precision(
+        args.run.precision, device, config.d_model, config.encoder_ffn_dim, tokens=tokens
+    )
+    heads = config.encoder_attention_heads
+    backend = choose_attention_backend(args.model.attention_backend, precision.precision, device, heads,
+                                       config.d_model // heads, tokens=tokens)  # fmt: skip
     model.set_attn_implementation(backend.backend)
     logger.info("model: %s, %.2fM parameters; precision %s (%s); attention %s (%s)", type(model).__name__,
                 model.num_parameters() / 1e6, precision.precision, precision.reason, backend.backend, backend.reason)  # fmt: skip
@@ -488,17 +492,17 @@ def train(args: Arguments, model, data: PreparedData, precision) -> tuple[Transl
         compute_metrics=translation_metrics(data.tokenizer) if args.run.eval_bleu else None,
         max_tokens=max_tokens,
     )
-    check = BudgetCheckCallback(
-        args.run.minutes, precision=precision.precision, threads=torch.get_num_threads()
-    )
     trainer.remove_callback(ProgressCallback)
-    trainer.add_callback(TrainingProgressCallback(args.run.minutes, lambda: trainer.target_tokens))
-    trainer.add_callback(check)
+    trainer.add_callback(TrainingProgressCallback(lambda: trainer.target_tokens, args.run.minutes or None))
+    check = None
+    if args.run.minutes:
+        check = UpdateBudgetCheck(args.run.minutes, precision.precision, describe_hardware(training.device))
+        trainer.add_callback(check)
     started = time.monotonic()
     result = trainer.train(resume_from_checkpoint=resume_checkpoint(args))
     seconds = time.monotonic() - started
     report = TrainingReport(result.global_step, seconds / 60, trainer.target_tokens,
-                            trainer.target_tokens / seconds, check.estimate())  # fmt: skip
+                            trainer.target_tokens / seconds, check.estimate if check else None)  # fmt: skip
     return trainer, report
 
 
@@ -528,14 +532,20 @@ def trained_model(args: Arguments, trainer: TranslationTrainer):
     return model, [path.name for path in chosen]
 
 
-def evaluate(args: Arguments, model, data: PreparedData, precision, averaged: list[str]) -> Evaluation:
+def evaluate(
+    args: Arguments, model, data: PreparedData, precision, report, averaged: list[str]
+) -> Evaluation:
     """Decode the test set with the model's generation config and score it; flag degenerate output."""
     started = time.monotonic()
     hypotheses = translate(model, data.tokenizer, data.test.source, bf16=precision.precision == "bf16")
     seconds = time.monotonic() - started
     scores = score_translations(hypotheses, data.test.target)
-    encoding = getattr(model.config, "encoder_position_encoding", "sinusoidal")
-    degenerate = degenerate_output(hypotheses, scores["bleu"], encoding)
+    encoding = getattr(
+        model.config, "encoder_position_encoding", MarianPosEncConfig().encoder_position_encoding
+    )
+    degenerate = degenerate_output(hypotheses, scores["bleu"], encoding, updates=report.steps,
+                                   warmup_steps=args.training.warmup_steps, precision=precision.precision,
+                                   device=args.training.device.type)  # fmt: skip
     for reason in degenerate:
         logger.warning("DEGENERATE OUTPUT: %s", reason)
     return Evaluation(hypotheses, scores, seconds, averaged, degenerate)
@@ -566,11 +576,11 @@ def run_record(
         "test_set": data.test.name,
         "test_pairs": len(data.test),
         "degenerate": evaluation.degenerate,
-        "hardware": hardware.as_dict(),
+        "hardware": {**hardware.as_dict(), "line": hardware.line()},
         "precision": precision.precision,
-        "precision_probe": dataclasses.asdict(precision),
+        "precision_probe": precision.as_dict(),
         "attention_backend": backend.backend,
-        "attention_probe": dataclasses.asdict(backend),
+        "attention_probe": backend.as_dict(),
         "training_target_tokens": report.target_tokens,
         "training_target_tokens_per_second": round(report.tokens_per_second, 1),
         "model_flops_per_target_token": flops_per_token,
@@ -662,7 +672,7 @@ def main(argv=None) -> dict | None:
     model, averaged = trained_model(args, trainer)
     if model is None:
         return None  # one process evaluates and writes the folder
-    evaluation = evaluate(args, model, data, precision, averaged)
+    evaluation = evaluate(args, model, data, precision, report, averaged)
     record = run_record(args, model, data, precision, backend, report, evaluation, started)
     output_dir = export(args, model, data, evaluation, record)
     print_summary(args, data, evaluation, record, output_dir)
