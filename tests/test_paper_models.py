@@ -47,14 +47,29 @@ def test_paper_1_table_1_parameter_deltas_are_reproduced_by_the_base_recipe(enco
 
 def test_posnet_attn_is_one_kernel_table_for_the_whole_model_by_default():
     model = MarianPosEncForConditionalGeneration(
-        train.model_config(train.parse_args(["--recipe", "wmt14-en-de-base", "--position_encoding", "posnet_attn",
-                                             "--output_dir", "unused", "--config_overrides",
-                                             '{"encoder_layers": 1, "decoder_layers": 1, "d_model": 64}']),
-                           vocab_size=100, pad=0, eos=1)  # fmt: skip
+        train.model_config(
+            train.parse_args(
+                [
+                    "--recipe",
+                    "wmt14-en-de-base",
+                    "--position_encoding",
+                    "posnet_attn",
+                    "--output_dir",
+                    "unused",
+                    "--config_overrides",
+                    '{"encoder_layers": 1, "decoder_layers": 1, "d_model": 64}',
+                ]
+            ),
+            vocab_size=100,
+            pad=0,
+            eos=1,
+        )  # fmt: skip
     )
     tables = [name for name, _ in model.named_parameters() if "kernels" in name]
     assert tables == ["model.encoder.position_encoding.kernels.0"]
-    assert model.model.decoder.position_encoding.layer_kernels(0) is model.model.encoder.position_encoding.layer_kernels(0)
+    assert model.model.decoder.position_encoding.layer_kernels(
+        0
+    ) is model.model.encoder.position_encoding.layer_kernels(0)
 
 
 @pytest.mark.parametrize("recipe", ["wmt14-en-de-big", "wmt14-en-fr-big"])
@@ -70,8 +85,14 @@ def test_big_recipes_carry_the_papers_big_settings(recipe):
 
 
 def test_base_recipe_keeps_the_base_settings():
-    config = train.model_config(train.parse_args(["--recipe", "wmt14-en-de-base", "--output_dir", "unused"]), 37000, 0, 1)
-    assert (config.posnet_dim, config.rposnet_max_relative_position, config.lightconv_kernel_radius) == (128, 16, 16)
+    config = train.model_config(
+        train.parse_args(["--recipe", "wmt14-en-de-base", "--output_dir", "unused"]), 37000, 0, 1
+    )
+    assert (config.posnet_dim, config.rposnet_max_relative_position, config.lightconv_kernel_radius) == (
+        128,
+        16,
+        16,
+    )
     assert config.max_relative_position == 16
 
 
@@ -80,5 +101,10 @@ def test_paper_2_small_recipe_has_eight_heads_and_beam_12():
     heads with 128-position tables; §5.3: beam 12, the average of the best checkpoint and the 29 after it."""
     args = train.parse_args(["--recipe", "iwslt14-de-en-small", "--output_dir", "unused"])
     config = train.model_config(args, 10000, 0, 1)
-    assert (config.d_model, config.encoder_attention_heads, config.encoder_ffn_dim, config.dropout) == (512, 8, 1024, 0.3)
+    assert (config.d_model, config.encoder_attention_heads, config.encoder_ffn_dim, config.dropout) == (
+        512,
+        8,
+        1024,
+        0.3,
+    )
     assert args.model.num_beams == 12 and args.run.average_best == 30 and args.training.save_steps == 300

@@ -31,21 +31,34 @@ PROBE = REPO / "tests" / "trainer_probe.py"
 @pytest.mark.parametrize("recipe", train.recipe_names())
 def test_every_recipe_parses_into_valid_arguments(recipe):
     args = train.parse_args(["--recipe", recipe])
-    assert args.recipe == recipe and args.max_tokens > 0 and args.learning_rate > 0
+    assert args.run.recipe == recipe and args.data.max_tokens > 0 and args.training.learning_rate > 0
 
 
 def test_wmt_recipes_follow_paper_one():
     args = train.parse_args(["--recipe", "wmt14-en-de-base"])
-    assert (args.learning_rate, args.warmup_steps, args.label_smoothing) == (7e-4, 4000, 0.1)
-    assert (args.max_tokens, args.update_freq, args.max_steps, args.average_last) == (4096, 8, 150000, 5)
-    assert train.repo_path(args.test_source).is_file()  # newstest2014 is shipped
+    training = args.training
+    assert (training.learning_rate, training.warmup_steps, training.label_smoothing_factor) == (
+        7e-4,
+        4000,
+        0.1,
+    )
+    assert (training.adam_beta1, training.adam_beta2, training.adam_epsilon) == (0.9, 0.98, 1e-9)
+    assert (args.data.max_tokens, training.gradient_accumulation_steps, training.max_steps) == (
+        4096,
+        8,
+        150000,
+    )
+    assert args.run.average_last == 5 and training.lr_scheduler_type == "inverse_sqrt"
+    assert train.repo_path(args.data.test_source).is_file()  # newstest2014 is shipped
 
 
 def test_command_line_overrides_the_recipe():
     args = train.parse_args(
-        ["--recipe", "multi30k-en-de-tiny", "--d_model", "64", "--position_encoding", "learned"]
-    )
-    assert args.d_model == 64 and args.layers == 2 and args.position_encoding == "learned"
+        ["--recipe", "multi30k-en-de-tiny", "--d_model", "64", "--position_encoding", "learned",
+         "--learning_rate", "0.01"]
+    )  # fmt: skip
+    assert args.model.d_model == 64 and args.model.layers == 2 and args.model.position_encoding == "learned"
+    assert args.training.learning_rate == 0.01 and args.training.warmup_steps == 100  # the recipe's
 
 
 def test_unknown_recipe_or_module_lists_the_valid_ones(capsys):
@@ -54,7 +67,10 @@ def test_unknown_recipe_or_module_lists_the_valid_ones(capsys):
     assert "unknown recipe 'wmt15'; available: iwslt14-de-en-small" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         train.parse_args(["--position_encoding", "rotary"])
-    assert "invalid choice: 'rotary'" in capsys.readouterr().err
+    assert (
+        "encoder_position_encoding='rotary' is not known; allowed values: adaptive_t5"
+        in capsys.readouterr().err
+    )
 
 
 def test_recipe_with_an_unknown_key_is_rejected(tmp_path, monkeypatch, capsys):
@@ -71,13 +87,12 @@ def test_rposnet_cross_attention_gets_the_training_data_length_ratio():
         {"input_ids": [[1, 2, 3], [4, 5, 6, 7, 8]], "labels": [[1, 2], [3, 4]]}
     )
     assert train.source_target_length_ratio(dataset) == 2.0
-    tokenizer = train.train_joint_bpe(["a b c", "d e f"], vocab_size=40)
     args = train.parse_args(
         ["--recipe", "multi30k-en-de-tiny", "--cross_attention", "rposnet", "--d_model", "32"]
     )
-    assert train.build_model(args, tokenizer, None, dataset).config.rposnet_length_ratio == 2.0
-    args.config_overrides = json.dumps({"rposnet_length_ratio": 1.3})  # an explicit choice wins
-    assert train.build_model(args, tokenizer, None, dataset).config.rposnet_length_ratio == 1.3
+    assert train.model_config(args, 40, 0, 1, train=dataset).rposnet_length_ratio == 2.0
+    args.model.config_overrides = json.dumps({"rposnet_length_ratio": 1.3})  # an explicit choice wins
+    assert train.model_config(args, 40, 0, 1, train=dataset).rposnet_length_ratio == 1.3
 
 
 def test_hub_translation_schema_adapter_on_a_local_dataset():

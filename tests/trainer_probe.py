@@ -25,10 +25,10 @@ from conftest import DATA_DIR  # noqa: E402
 from hf_posenc import MarianPosEncConfig, MarianPosEncForConditionalGeneration  # noqa: E402
 from hf_posenc.pipeline.data import read_split  # noqa: E402
 from hf_posenc.pipeline.tokenization import train_joint_bpe  # noqa: E402
-from hf_posenc.pipeline.training import TokenBudgetSeq2SeqTrainer, tokenize_parallel  # noqa: E402
+from hf_posenc.pipeline.training import TranslationTrainer, tokenize_parallel  # noqa: E402
 
 
-class RecordingTrainer(TokenBudgetSeq2SeqTrainer):
+class RecordingTrainer(TranslationTrainer):
     """Remembers a fingerprint of every micro-batch it trains on."""
 
     def __init__(self, *args, **kwargs):

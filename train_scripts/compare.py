@@ -1,27 +1,35 @@
-"""Train every selected positional module under one recipe, budget and seed, score it, and write the results.
+"""Train every system of the comparison tables under one protocol, measure each run, and write the report.
 
-    python train_scripts/compare.py                                     # CPU: tiny recipe, every table
-    python train_scripts/compare.py --tables main --seeds 1 2 --pairs en-de en-fr
-    python train_scripts/compare.py --recipe multi30k-en-de-small --max_steps 6000 --jobs 1 --threads 16
-    python train_scripts/compare.py --report_only                      # rebuild docs/results.md
+    python train_scripts/compare.py                                  # the CPU protocol, every table, En-De
+    python train_scripts/compare.py --tables main --seeds 1 2 3 --pairs en-de en-fr
+    python train_scripts/compare.py --stop_after_minutes 120          # one chunk; run it again to continue
+    python train_scripts/compare.py --report_only                     # rebuild docs/results.md
+    python train_scripts/compare.py --recipe multi30k-en-de-small --max_steps 6000 --jobs 4 --threads 4  # GPU
 
-Each run is `train_scripts/train.py` in its own process (same recipe, `--max_steps`, seed and evaluation for
-every system: beam 4, length penalty 0.6, sacreBLEU on test_2016_flickr; checkpoint averaging as the recipe
-says) and lands in `<output_dir>/<recipe>/<pair>/<system>/seed<N>/`. A run whose `scores.json` exists with
-the same settings is not repeated, and a run cut off after writing checkpoints continues from its last one,
-so the command can be split into chunks (`--stop_after_minutes`) and resumed.
+The systems and tables come from the registries (`hf_posenc.pipeline.systems`): every module's main system,
+and the ablation rows the module classes declare. Each run is `train_scripts/train.py` in its own process
+with the recipe's update budget, checkpoint averaging and decoding, the seed, and one precision for all runs
+(decided once, here, by the same measurement train.py makes). After training, the word-order probe (paper 1
+Eq. 9/13) and the length-generalisation harness (`hf_posenc.analysis.length_generalisation`) measure the
+model, and the run's small results (scores.json, test translations, probe, length results, settings) go to
+`results/<recipe>/<pair>/<system>/seed<N>/`, which git tracks: the report is built from there alone, so
+finished runs survive a fresh checkout. Model folders stay in `outputs/compare/` (not tracked). A run whose
+results exist with the same settings (recipe contents included) is not repeated; a run cut off after
+writing checkpoints continues from its last complete one.
 
-Then the report: per table, BLEU/chrF++ per seed, mean and standard deviation, the gap to the sinusoidal
-baseline with paired bootstrap resampling (same seed; ** p < 0.05, * p < 0.10 as paper 1), "tie" where the
-gap is within the seed noise; the n-gram sweep (paper 1 Fig. 4) of the best system against the baseline;
-the word-order probe (paper 1 Eq. 9/13) of every trained model; heat maps of what the models learned about
-positions (`hf_posenc.analysis.position_plots`). Written to `docs/results.md` and `docs/results_*.png`.
+The report (`docs/results.md`): per table, BLEU/chrF++ per seed, mean ± sd, the gap to the sinusoidal
+baseline with paired bootstrap resampling per seed (** p < 0.05, * p < 0.10, paper 1's marks) and a verdict
+that also needs the gap to exceed the seed noise; length generalisation per system (joined test sentences,
+length buckets) with a plot; the papers' claims, one row each, with the measured evidence and a verdict; the
+word-order probe; the n-gram sweep (paper 1 Fig. 4) of the best system; pictures of what the models learned
+about positions. Text below the notes marker of an existing report is kept.
 """
 
 import argparse
+import gzip
 import json
 import logging
-import platform
+import shutil
 import statistics
 import subprocess
 import sys
@@ -32,19 +40,28 @@ from pathlib import Path
 
 import torch
 import transformers
+from train import load_recipe, recipe_names
 from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 
 import hf_posenc  # noqa: F401  (registers the Auto classes)
+from hf_posenc.analysis.length_generalisation import (
+    DEFAULT_K,
+    comparison_table,
+    length_generalisation_for_model_dir,
+    plot_length_generalisation,
+)
 from hf_posenc.analysis.position_plots import plot_learned_positions
 from hf_posenc.analysis.word_order_probe import word_order_probe
 from hf_posenc.pipeline.data import read_lines, read_split
 from hf_posenc.pipeline.evaluation import ngram_sweep, paired_bootstrap, plot_ngram_sweep
+from hf_posenc.pipeline.hardware import choose_precision, describe_hardware
 from hf_posenc.pipeline.systems import BASELINE, TABLE_TITLES, System, comparison_tables
 
 logger = logging.getLogger("compare")
 REPO = Path(__file__).resolve().parents[1]
+DATA = REPO.parent / "shared" / "data" / "multi30k"
 NOTES_MARKER = "<!-- Everything below this line is kept when train_scripts/compare.py rewrites this file. -->"
-
+DEFAULT_RECIPE = "multi30k-en-de-compare"
 
 TABLES = comparison_tables()
 SYSTEMS: dict[str, System] = {system.name: system for systems in TABLES.values() for system in systems}
@@ -56,7 +73,6 @@ class Run:
     pair: str
     system: str
     seed: int
-    max_steps: int
 
     @property
     def source_lang(self) -> str:
@@ -67,99 +83,168 @@ class Run:
         return self.pair.split("-")[1]
 
     def folder(self, root: Path) -> Path:
-        return root / self.recipe / self.pair / self.system / f"seed{self.seed}"
+        return Path(root) / self.recipe / self.pair / self.system / f"seed{self.seed}"
 
-    def arguments(self, root: Path, threads: int, extra: list[str]) -> list[str]:
-        system = SYSTEMS[self.system]
-        training = [
-            argument for name, value in system.training.items() for argument in (f"--{name}", str(value))
-        ]
-        return [
-            "--recipe", self.recipe, "--source_lang", self.source_lang, "--target_lang", self.target_lang,
-            "--max_steps", str(self.max_steps), "--minutes", "0", "--seed", str(self.seed),
-            "--threads", str(threads), "--output_dir", str(self.folder(root)), "--examples", "0",
-            "--fail_on_degenerate", "false", "--config_overrides", json.dumps(system.overrides), *training, *extra,
-        ]  # fmt: skip
+    def label(self) -> str:
+        return f"{self.system} seed {self.seed} {self.pair}"
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--recipe", default="multi30k-en-de-tiny", help="a train_scripts/recipes name")
+    parser.add_argument("--recipe", default=DEFAULT_RECIPE, help=f"one of: {', '.join(recipe_names())}")
     parser.add_argument("--pairs", nargs="+", default=["en-de"], help="language pairs, e.g. en-de en-fr")
     parser.add_argument("--tables", nargs="+", choices=list(TABLES), default=list(TABLES))
     parser.add_argument(
         "--systems", nargs="+", default=None, help="only these systems (default: the tables')"
     )
-    parser.add_argument("--seeds", nargs="+", type=int, default=[1, 2], help="seeds of the main table")
+    parser.add_argument("--seeds", nargs="+", type=int, default=[1, 2, 3], help="seeds of the main table")
     parser.add_argument(
-        "--ablation_seeds", type=int, default=1, help="how many of --seeds the other tables use"
+        "--ablation_seeds", type=int, default=2, help="how many of --seeds the other tables use"
     )
-    parser.add_argument(
-        "--max_steps", type=int, default=300, help="the update budget, the same for every run"
-    )
+    parser.add_argument("--max_steps", type=int, default=None, help="update budget (default: the recipe's)")
+    parser.add_argument("--precision", choices=["auto", "bf16", "fp32"], default="auto",
+                        help="one precision for every run; auto: measured once, here")  # fmt: skip
     parser.add_argument("--train_args", default="", help="further train.py arguments for every run")
     parser.add_argument("--jobs", type=int, default=2, help="runs at the same time")
     parser.add_argument("--threads", type=int, default=1, help="torch threads per run")
     parser.add_argument(
         "--stop_after_minutes", type=float, default=0, help="start no run after this (0: none)"
     )
-    parser.add_argument("--output_dir", default=str(REPO / "outputs" / "compare"))
-    parser.add_argument("--results", default=str(REPO / "docs" / "results.md"), help="the report to write")
+    parser.add_argument(
+        "--models_dir", default=str(REPO / "outputs" / "compare"), help="trained models (large)"
+    )
+    parser.add_argument(
+        "--results_dir", default=str(REPO / "results"), help="each run's small results (tracked)"
+    )
+    parser.add_argument("--report", default=str(REPO / "docs" / "results.md"), help="the report to write")
     parser.add_argument("--report_only", action="store_true", help="skip training, rebuild the report")
     parser.add_argument("--probe_sentences", type=int, default=100, help="test sentences the probe permutes")
+    parser.add_argument("--length_k", nargs="+", type=int, default=list(DEFAULT_K), help="sentences joined")
     parser.add_argument("--bootstrap_samples", type=int, default=1000)
+    parser.add_argument(
+        "--test_limit", type=int, default=None, help="only the first N test pairs (smoke runs)"
+    )
     return parser
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    unknown = sorted(set(args.systems or []) - set(SYSTEMS))
+    if unknown:
+        parser.error(f"unknown systems {unknown}; available: {', '.join(SYSTEMS)}")
+    if args.recipe not in recipe_names():
+        parser.error(f"unknown recipe {args.recipe!r}; available: {', '.join(recipe_names())}")
+    for flag in ("jobs", "threads", "bootstrap_samples", "probe_sentences", "ablation_seeds", "test_limit"):
+        if getattr(args, flag) is not None and getattr(args, flag) < 1:
+            parser.error(f"--{flag}={getattr(args, flag)} must be at least 1")
+    if args.max_steps is not None and args.max_steps < 1:
+        parser.error(f"--max_steps={args.max_steps} must be at least 1")
+    return args
 
 
 def planned_runs(args) -> list[Run]:
     """Seed by seed (all systems of the first seed first), so that a cut-off command leaves whole seeds."""
-    unknown = sorted(set(args.systems or []) - set(SYSTEMS))
-    if unknown:
-        raise SystemExit(f"unknown systems {unknown}; available: {', '.join(SYSTEMS)}")
-    if not (REPO / "train_scripts" / "recipes" / f"{args.recipe}.yaml").is_file():
-        raise SystemExit(f"unknown recipe {args.recipe!r}; see train_scripts/recipes/")
     runs = []
     for seed_index, seed in enumerate(args.seeds):
         for pair in args.pairs:
             for table in args.tables:
                 if table != "main" and seed_index >= args.ablation_seeds:
                     continue
-                for system in (s.name for s in TABLES[table]):
-                    run = Run(args.recipe, pair, system, seed, args.max_steps)
-                    if (args.systems is None or system in args.systems) and run not in runs:
+                for system in TABLES[table]:
+                    run = Run(args.recipe, pair, system.name, seed)
+                    if (args.systems is None or system.name in args.systems) and run not in runs:
                         runs.append(run)
     return runs
 
 
+def resolved_precision(args) -> str:
+    """The precision every run trains and decodes in: `--precision`, or for auto the faster on this machine
+    at the recipe's model shapes (measured once, so that a loaded machine cannot split the runs)."""
+    recipe = load_recipe(args.recipe)
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    torch.set_num_threads(args.threads)
+    choice = choose_precision(args.precision, device, recipe.get("d_model", 512), recipe.get("ffn_dim", 2048))
+    logger.info("every run: %s", choice.line())
+    return choice.precision
+
+
+def train_arguments(run: Run, args) -> list[str]:
+    """train.py's arguments for a run that decide its results (output folder, threads and precision are added
+    by `execute`: a run's precision is recorded in its scores, and runs of earlier machines are kept)."""
+    system = SYSTEMS[run.system]
+    training = [argument for name, value in system.training.items() for argument in (f"--{name}", str(value))]
+    budget = ["--max_steps", str(args.max_steps)] if args.max_steps else []
+    budget += ["--test_limit", str(args.test_limit)] if args.test_limit else []
+    return [
+        "--recipe", run.recipe, "--source_lang", run.source_lang, "--target_lang", run.target_lang,
+        "--seed", str(run.seed), *budget, "--examples", "0",
+        "--fail_on_degenerate", "false", "--config_overrides", json.dumps(system.overrides), *training,
+        *args.train_args.split(),
+    ]  # fmt: skip
+
+
+def run_settings(run: Run, args) -> dict:
+    return {"train_arguments": train_arguments(run, args), "recipe": load_recipe(run.recipe),
+            "length_k": args.length_k, "probe_sentences": args.probe_sentences}  # fmt: skip
+
+
+def done(run: Run, args) -> bool:
+    settings = run.folder(args.results_dir) / "settings.json"
+    return settings.is_file() and json.loads(settings.read_text()) == run_settings(run, args)
+
+
+def test_set(pair: str, limit: int | None = None):
+    return read_split(DATA, "test_2016_flickr", *pair.split("-"), limit=limit)
+
+
 def execute(run: Run, args) -> str:
-    """Train and score one run unless its results exist; resumes from its last checkpoint if it has one."""
-    root = Path(args.output_dir)
-    folder = run.folder(root)
-    arguments = run.arguments(root, args.threads, args.train_args.split())
-    settings = folder / "compare_run.json"
-    if (
-        (folder / "scores.json").is_file()
-        and settings.is_file()
-        and json.loads(settings.read_text()) == arguments
-    ):
-        return f"{run.system} seed {run.seed} {run.pair}: done before"
-    checkpoints = folder.with_name(folder.name + "-checkpoints")
-    resume = ["--resume_from_checkpoint", "last"] if any(checkpoints.glob("checkpoint-*")) else []
-    folder.mkdir(parents=True, exist_ok=True)
+    """Train, measure and record one run unless its results exist; resumes from its last checkpoint."""
+    if done(run, args):
+        return f"{run.label()}: done before"
+    models, results = run.folder(args.models_dir), run.folder(args.results_dir)
+    checkpoints = Path(f"{models}-checkpoints")
+    resume = (
+        ["--resume_from_checkpoint", "last"]
+        if any(checkpoints.glob("checkpoint-*/trainer_state.json"))
+        else []
+    )
+    restart = [] if resume else ["--overwrite_output_dir"]  # a run without a complete checkpoint starts again
+    models.parent.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
-    with open(folder / "train.log", "w") as log:
-        process = subprocess.run(
-            [sys.executable, str(REPO / "train_scripts" / "train.py"), *arguments, *resume],
-            stdout=log,
-            stderr=log,
-        )
+    command = [sys.executable, str(REPO / "train_scripts" / "train.py"), *train_arguments(run, args),
+               "--threads", str(args.threads), "--precision", args.run_precision, "--output_dir", str(models),
+               *resume, *restart]  # fmt: skip
+    with open(f"{models}.train.log", "w") as log:
+        process = subprocess.run(command, stdout=log, stderr=log)
     if process.returncode != 0:
-        return f"{run.system} seed {run.seed} {run.pair}: FAILED (exit {process.returncode}), see {folder}/train.log"
-    settings.write_text(json.dumps(arguments) + "\n")
-    bleu = json.loads((folder / "scores.json").read_text())["bleu"]
-    return f"{run.system} seed {run.seed} {run.pair}: BLEU {bleu:.2f} in {(time.monotonic() - started) / 60:.1f} min"
+        return f"{run.label()}: FAILED (exit {process.returncode}), see {models}.train.log"
+    measure(run, models, results, args)
+    minutes = (time.monotonic() - started) / 60
+    bleu = json.loads((results / "scores.json").read_text())["bleu"]
+    return f"{run.label()}: BLEU {bleu:.2f} in {minutes:.1f} min"
+
+
+def measure(run: Run, models: Path, results: Path, args) -> None:
+    """The probe and the length harness on the trained model; then the run's small results into `results`,
+    settings.json last (it marks the run finished)."""
+    test = test_set(run.pair, args.test_limit)
+    bf16 = args.run_precision == "bf16"
+    model, tokenizer = AutoModelForSeq2SeqLM.from_pretrained(models), AutoTokenizer.from_pretrained(models)
+    probes = word_order_probe(model, tokenizer, test.source[: args.probe_sentences], num_permutations=2,
+                              num_beams=1, max_new_tokens=64, bf16=bf16)  # fmt: skip
+    length = length_generalisation_for_model_dir(models, test.source, test.target, args.length_k, bf16=bf16)
+    results.mkdir(parents=True, exist_ok=True)
+    (results / "word_order_probe.json").write_text(
+        json.dumps({"sentences": args.probe_sentences, **{p.kind: vars(p) for p in probes}}, indent=2) + "\n"
+    )
+    (results / "length_generalisation.json").write_text(json.dumps(length, indent=2) + "\n")
+    shutil.copy(models / "scores.json", results / "scores.json")
+    hypotheses = (models / f"test.hyp.{run.target_lang}").read_bytes()
+    (results / f"test.hyp.{run.target_lang}.gz").write_bytes(gzip.compress(hypotheses, mtime=0))
+    (results / "settings.json").write_text(json.dumps(run_settings(run, args), indent=2) + "\n")
 
 
 def train_all(runs: list[Run], args) -> None:
@@ -167,7 +252,7 @@ def train_all(runs: list[Run], args) -> None:
 
     def guarded(run: Run) -> str:
         if deadline is not None and time.monotonic() > deadline:
-            return f"{run.system} seed {run.seed} {run.pair}: not started (--stop_after_minutes)"
+            return f"{run.label()}: not started (--stop_after_minutes)"
         return execute(run, args)
 
     with ThreadPoolExecutor(max_workers=args.jobs) as pool:
@@ -178,9 +263,35 @@ def train_all(runs: list[Run], args) -> None:
 # ----------------------------------------------------------------------------------------------------------
 # Report
 
-
-def finished(run: Run, root: Path) -> bool:
-    return (run.folder(root) / "scores.json").is_file()
+# The papers' claims: (paper, claim, system, reference system, expected relation of system to reference).
+# Relations: "<" worse, ">" better, "≈" equal, "≥" better or equal.
+CLAIMS = [
+    ("1", "no PE ≪ SAPE", "none", BASELINE, "<"),
+    ("1", "LAPE < SAPE", "learned", BASELINE, "<"),
+    ("1", "RPE ≈ SAPE", "shaw", BASELINE, "≈"),
+    ("1", "Adaptive-T5 ≈ SAPE", "adaptive_t5", BASELINE, "≈"),
+    ("1", "PosNet-Attn well below SAPE", "posnet_attn", BASELINE, "<"),
+    ("1", "PosNet-Embed ≥ SAPE", "posnet_embed", BASELINE, "≥"),
+    ("2", "rPosNet ≈ content attention", "rposnet", BASELINE, "≈"),
+    ("2", "gating helps aPosNet", "aposnet", "aposnet-no-gating", ">"),
+    ("2", "gating helps rPosNet", "rposnet", "rposnet-no-gating", ">"),
+    ("2", "gating helps relative attention", "relative_attention", "relative_attention-no-gating", ">"),
+    ("2", "gating does not help content attention", "attention+gating", BASELINE, "≈"),
+    ("2", "rPosNet in cross-attention alone is weak", "rposnet@C", BASELINE, "<"),
+    (
+        "2",
+        "rPosNet in decoder self-attention helps only with it in the encoder",
+        "rposnet",
+        "rposnet@DS",
+        ">",
+    ),
+    ("2", "chain: global context helps LightConv", "lightconv-gelu-global", "lightconv-gelu", ">"),
+    ("2", "chain: gating helps LightConv without GLU", "lightconv-gelu", "lightconv-no-glu", ">"),
+    ("3", "RPEHead ≥ Transformer", "rpe_head", BASELINE, "≥"),
+    ("3", "MPRHead ≥ Transformer", "mpr_head", BASELINE, "≥"),
+    ("3", "RPEs in encoder and decoder ≥ encoder only", "rpe_head", "rpe_head@encoder", "≥"),
+    ("3", "RPEs in encoder and decoder ≥ decoder only", "rpe_head", "rpe_head@decoder", "≥"),
+]
 
 
 def mean_sd(values: list[float]) -> str:
@@ -189,161 +300,257 @@ def mean_sd(values: list[float]) -> str:
     return f"{statistics.mean(values):.2f} ± {statistics.stdev(values):.2f}"
 
 
-def load_model(folder: Path):
-    return AutoModelForSeq2SeqLM.from_pretrained(folder), AutoTokenizer.from_pretrained(folder)
+def bootstrap_cell(tests: list[dict]) -> str:
+    """'p=0.012**, p=0.300' for the seeds' BLEU bootstrap tests."""
+    return ", ".join(f"p={test['bleu']['p_value']:.3f}{test['bleu']['significance']}" for test in tests)
 
 
-def probe(run: Run, root: Path, sentences: list[str]) -> dict:
-    """Word-order probe of a trained model (cached next to it)."""
-    path = run.folder(root) / "word_order_probe.json"
-    if path.is_file() and json.loads(path.read_text())["sentences"] == len(sentences):
-        return json.loads(path.read_text())
-    model, tokenizer = load_model(run.folder(root))
-    results = word_order_probe(
-        model, tokenizer, sentences, num_permutations=2, num_beams=1, max_new_tokens=64
-    )
-    report = {"sentences": len(sentences), **{result.kind: vars(result) for result in results}}
-    path.write_text(json.dumps(report, indent=2) + "\n")
-    return report
+def verdict(delta, bleu, base_bleu, tests) -> str:
+    """better/worse only when every seed's bootstrap is significant (p < 0.10) and the gap exceeds two seed
+    standard deviations (of the system or of the reference, whichever is larger and measured); else a tie.
+    With one seed of both, no seed noise is measured and the bootstrap alone cannot call a gap: "one seed"."""
+    if delta is None:
+        return "baseline"
+    seed_sds = [statistics.stdev(values) for values in (bleu, base_bleu) if len(values) >= 2]
+    if not seed_sds:
+        return "one seed"
+    if abs(delta) <= 2 * max(seed_sds):
+        return "tie"
+    if tests and all(t["bleu"]["significance"] for t in tests):
+        return "better" if delta > 0 else "worse"
+    return "tie"
+
+
+def claim_verdict(expected: str, measured: str) -> str:
+    """reproduced / not reproduced / tie within noise, from the expected relation and the measured verdict."""
+    if measured == "one seed":
+        return "one seed (no call)"
+    holds = {"<": {"worse"}, ">": {"better"}, "≈": {"tie"}, "≥": {"better", "tie"}}[expected]
+    if measured in holds:
+        return "reproduced"
+    return "tie within noise" if measured == "tie" else "not reproduced"
 
 
 class Report:
-    """docs/results.md for one recipe: a section per language pair, a table per selected table."""
+    """docs/results.md for one recipe, built from the results folder: a section per language pair."""
 
     def __init__(self, args):
         self.args = args
-        self.root = Path(args.output_dir)
-        self.docs = Path(args.results).parent
+        self.root = Path(args.results_dir)
+        self.docs = Path(args.report).parent
         self.docs.mkdir(parents=True, exist_ok=True)
         self.lines: list[str] = []
-        self.bootstraps: dict[Run, dict] = {}
+        self.bootstraps: dict[tuple[Run, Run], dict] = {}
 
-    def seeds_of(self, pair: str, system: str) -> list[Run]:
-        runs = [Run(self.args.recipe, pair, system, seed, self.args.max_steps) for seed in self.args.seeds]
-        return [run for run in runs if finished(run, self.root)]
+    def runs_of(self, pair: str, system: str) -> list[Run]:
+        runs = [Run(self.args.recipe, pair, system, seed) for seed in self.args.seeds]
+        return [run for run in runs if (run.folder(self.root) / "settings.json").is_file()]
+
+    def read(self, run: Run, name: str) -> dict:
+        return json.loads((run.folder(self.root) / name).read_text())
 
     def hypotheses(self, run: Run) -> list[str]:
-        return read_lines(run.folder(self.root) / f"test.hyp.{run.target_lang}")
+        return read_lines(run.folder(self.root) / f"test.hyp.{run.target_lang}.gz")
 
-    def scores(self, run: Run) -> dict:
-        return json.loads((run.folder(self.root) / "scores.json").read_text())
-
-    def bootstrap(self, run: Run, baseline: list[str], references: list[str]) -> dict:
-        """Paired bootstrap of `run` against the baseline of its seed, once per run (systems recur in tables)."""
-        if run not in self.bootstraps:
-            self.bootstraps[run] = paired_bootstrap(
-                baseline, self.hypotheses(run), references, self.args.bootstrap_samples
+    def bootstrap(self, run: Run, reference: Run, references: list[str]) -> dict:
+        """Paired bootstrap of `run` against `reference` (same seed), once per pair of runs."""
+        if (run, reference) not in self.bootstraps:
+            self.bootstraps[run, reference] = paired_bootstrap(
+                self.hypotheses(reference), self.hypotheses(run), references, self.args.bootstrap_samples
             )
-        return self.bootstraps[run]
+        return self.bootstraps[run, reference]
+
+    def comparison(self, pair: str, system: str, reference: str, references: list[str]):
+        """(runs, BLEU per seed, reference BLEU per seed, delta, bootstrap tests, verdict) of two systems."""
+        runs, reference_runs = self.runs_of(pair, system), self.runs_of(pair, reference)
+        bleu = [self.read(run, "scores.json")["bleu"] for run in runs]
+        base = {run.seed: run for run in reference_runs}
+        base_bleu = [self.read(run, "scores.json")["bleu"] for run in reference_runs]
+        paired = [run for run in runs if run.seed in base]
+        tests = (
+            [self.bootstrap(run, base[run.seed], references) for run in paired] if system != reference else []
+        )
+        same_seeds = [self.read(base[run.seed], "scores.json")["bleu"] for run in paired]
+        delta = None
+        if paired and system != reference:
+            delta = statistics.mean(
+                self.read(run, "scores.json")["bleu"] for run in paired
+            ) - statistics.mean(same_seeds)
+        return runs, bleu, base_bleu, delta, tests, verdict(delta, bleu, base_bleu, tests)
 
     def write(self) -> Path:
         args = self.args
+        recipe = load_recipe(args.recipe)
+        budget = args.max_steps or recipe.get("max_steps")
         self.lines += [
             f"# Results: every positional module on Multi30k, recipe `{args.recipe}`",
             "",
             f"Written by `python train_scripts/compare.py {' '.join(sys.argv[1:])}` on {time.strftime('%Y-%m-%d')}.",
-            f"Hardware: {hardware(args)}. Every run: recipe `{args.recipe}`, {args.max_steps} updates, the same "
-            "data, tokenizer settings, seed list and evaluation (beam 4, length penalty 0.6, sacreBLEU on "
-            "detokenised `test_2016_flickr`, 1,000 sentences). Significance: paired bootstrap resampling "
-            f"({args.bootstrap_samples} samples) of each seed against the sinusoidal baseline of the same seed, "
-            "** p < 0.05, * p < 0.10 (paper 1's marks). Δ BLEU compares with the baseline's runs of the same seeds. "
-            "A gap is a **tie** unless every seed's bootstrap is significant (p < 0.10) and it exceeds two "
-            "standard deviations over seeds (of the system, or of the baseline for single-seed rows); where "
-            "neither has two seeds, no seed noise is measured and the verdict is **one seed** (no call).",
+            f"Every run: recipe `{args.recipe}` ({recipe.get('description', '')}), {budget} updates, "
+            + (
+                f"the average of the last {recipe['average_last']} checkpoints, "
+                if recipe.get("average_last")
+                else ""
+            )
+            + f"the same data, tokenizer settings and evaluation (beam 4, length penalty 0.6, source length + 50 "
+            "new tokens; sacreBLEU on detokenised `test_2016_flickr`, 1,000 sentences). Machines: "
+            f"{self.machines()}. Significance: paired bootstrap resampling ({args.bootstrap_samples} samples) of "
+            "each seed against the reference system's run of the same seed, ** p < 0.05, * p < 0.10 (paper 1's "
+            "marks). Δ BLEU compares with the reference's runs of the same seeds. A gap is **better**/**worse** "
+            "only if every seed's bootstrap is significant (p < 0.10) and it exceeds two standard deviations over "
+            "seeds (of the system or of the reference); otherwise it is a **tie**, measured equal within the "
+            "noise. Where neither has two seeds no noise is measured: **one seed** (no call).",
             "",
         ]
         for pair in args.pairs:
             self.pair_section(pair)
-        path = Path(args.results)
+        path = Path(args.report)
         kept = path.read_text().partition(NOTES_MARKER)[2] if path.is_file() else ""
         path.write_text("\n".join(self.lines) + f"\n{NOTES_MARKER}{kept or chr(10)}")
         return path
 
+    def machines(self) -> str:
+        lines = {}
+        for run in (r for pair in self.args.pairs for s in SYSTEMS for r in self.runs_of(pair, s)):
+            scores = self.read(run, "scores.json")
+            key = f"{scores['hardware']['line']}, {scores['precision']}"
+            lines[key] = lines.get(key, 0) + 1
+        return "; ".join(f"{line} ({count} runs)" for line, count in lines.items()) or "no run yet"
+
     def pair_section(self, pair: str) -> None:
-        test = read_split(REPO.parent / "shared" / "data" / "multi30k", "test_2016_flickr", *pair.split("-"))
-        evaluated = {
-            self.scores(run)["test_pairs"] for system in SYSTEMS for run in self.seeds_of(pair, system)
-        }
-        if len(evaluated) > 1:
-            raise ValueError(
-                f"{pair}: runs were evaluated on different numbers of test pairs {sorted(evaluated)}"
-            )
-        if evaluated:  # runs made with --test_limit are scored against the same first test pairs
-            test.source, test.target = test.source[: min(evaluated)], test.target[: min(evaluated)]
+        test = test_set(pair, self.args.test_limit)
         self.lines += [f"## {pair}", ""]
         for table in self.args.tables:
-            title, systems = TABLE_TITLES[table], [s.name for s in TABLES[table]]
-            self.table(pair, title, systems, test.target)
-        self.probe_table(pair, test.source[: self.args.probe_sentences])
+            self.table(pair, table, test.target)
+        self.length_section(pair)
+        self.claims(pair, test.target)
+        self.probe_table(pair)
         self.sweep(pair, test.target)
         self.pictures(pair)
 
-    def table(self, pair: str, title: str, systems: list[str], references: list[str]) -> None:
-        baseline = {run.seed: self.hypotheses(run) for run in self.seeds_of(pair, BASELINE)}
-        self.lines += [f"### {title}", "", "| system | parameters | BLEU per seed | BLEU | Δ BLEU | chrF++ | "
-                       "bootstrap vs sinusoidal (BLEU p per seed) | verdict |", "| --- | --- | --- | --- | --- | --- | --- | --- |"]  # fmt: skip
-        base_bleu = {run.seed: self.scores(run)["bleu"] for run in self.seeds_of(pair, BASELINE)}
-        for system in systems:
-            runs = self.seeds_of(pair, system)
-            if not runs:
-                self.lines.append(f"| {system} | | not run | | | | | |")
-                continue
-            bleu = [self.scores(run)["bleu"] for run in runs]
-            chrf = [self.scores(run)["chrf++"] for run in runs]
-            tests = [
-                self.bootstrap(run, baseline[run.seed], references)
-                for run in runs
-                if system != BASELINE and run.seed in baseline
-            ]
-            same_seeds = [base_bleu[run.seed] for run in runs if run.seed in base_bleu]
-            delta = (  # against the baseline's runs with the same seeds
-                statistics.mean(bleu) - statistics.mean(same_seeds)
-                if same_seeds and system != BASELINE
-                else None
+    def table(self, pair: str, table: str, references: list[str]) -> None:
+        self.lines += [f"### {TABLE_TITLES[table]}", "", "| system | config | parameters | BLEU per seed | BLEU | Δ BLEU | "
+                       "chrF++ | bootstrap vs sinusoidal (BLEU p per seed) | verdict |",
+                       "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]  # fmt: skip
+        for system in TABLES[table]:
+            overrides = (
+                ", ".join(f"{k}={v}" for k, v in {**system.overrides, **system.training}.items())
+                or "defaults"
             )
+            runs, bleu, _, delta, tests, call = self.comparison(pair, system.name, BASELINE, references)
+            if not runs:
+                self.lines.append(f"| {system.name} | {overrides} | | not run | | | | | |")
+                continue
+            chrf = [self.read(run, "scores.json")["chrf++"] for run in runs]
+            parameters = self.read(runs[0], "scores.json")["parameters"] / 1e6
             self.lines.append(
-                f"| {system} | {self.scores(runs[0])['parameters'] / 1e6:.2f}M | "
-                f"{' / '.join(f'{b:.2f}' for b in bleu)} | {mean_sd(bleu)} | "
-                f"{'' if delta is None else f'{delta:+.2f}'} | {mean_sd(chrf)} | "
-                f"{bootstrap_cell(tests)} | "
-                f"{verdict(delta, bleu, list(base_bleu.values()), tests)} |"
+                f"| {system.name} | {overrides} | {parameters:.2f}M | {' / '.join(f'{b:.2f}' for b in bleu)} | "
+                f"{mean_sd(bleu)} | {'' if delta is None else f'{delta:+.2f}'} | {mean_sd(chrf)} | "
+                f"{bootstrap_cell(tests)} | {call} |"
             )
         self.lines.append("")
 
-    def probe_table(self, pair: str, sentences: list[str]) -> None:
+    def length_results(self, pair: str) -> dict[str, dict]:
+        """The first seed's length-generalisation results of every system that has one."""
+        results = {}
+        for system in SYSTEMS:
+            runs = self.runs_of(pair, system)
+            if runs:
+                results[system] = self.read(runs[0], "length_generalisation.json")
+        return results
+
+    def length_section(self, pair: str) -> None:
+        results = self.length_results(pair)
+        if not results:
+            return
+        name = f"results_{pair}_length.png"
+        plot_length_generalisation(
+            results, self.docs / name, title=f"length generalisation, {pair}, first seed"
+        )
+        kept = []
+        for system, result in results.items():
+            rows = {row["k"]: row for row in result["joined"]}
+            first, fourth = rows.get(1), rows.get(4)
+            if first and fourth and first["bleu"] and fourth["bleu"] is not None:
+                share = fourth["bleu"] / first["bleu"]
+                kept.append((share, fourth["length_ratio"], system))
+        kept.sort(reverse=True)
+        meeting = [
+            f"`{s}` ({100 * share:.0f}%, ratio {ratio:.2f})"
+            for share, ratio, s in kept
+            if share >= 0.7 and ratio >= 0.9
+        ]
+        self.lines += [
+            "### Length generalisation (joined test sentences, first seed)",
+            "",
+            "k consecutive test sentences joined into one input (sources with sources, references with references); "
+            'BLEU and hypothesis/reference length ratio per k. "cannot": the input needs more positions than the '
+            "model's table holds. Share of the k = 1 BLEU kept at k = 4, best first: "
+            + ", ".join(f"`{s}` {100 * share:.0f}% (ratio {ratio:.2f})" for share, ratio, s in kept[:8])
+            + ". Target (≥ 70% kept and length ratio ≥ 0.9 at k = 4): "
+            + (", ".join(meeting) if meeting else "met by no system")
+            + ".",
+            "",
+            comparison_table(results),
+            "",
+            f"![length generalisation]({name})",
+            "",
+        ]
+
+    def claims(self, pair: str, references: list[str]) -> None:
+        self.lines += ["### The papers' claims", "", "| paper | claim | system vs reference | Δ BLEU | measured | verdict |",
+                       "| --- | --- | --- | --- | --- | --- |"]  # fmt: skip
+        for paper, claim, system, reference, expected in CLAIMS:
+            if system not in SYSTEMS or reference not in SYSTEMS:
+                self.lines.append(
+                    f"| {paper} | {claim} | `{system}` vs `{reference}` | | | not in the tables |"
+                )
+                continue
+            runs, _, _, delta, _, measured = self.comparison(pair, system, reference, references)
+            if not runs or delta is None:
+                self.lines.append(f"| {paper} | {claim} | `{system}` vs `{reference}` | | not run | |")
+                continue
+            self.lines.append(f"| {paper} | {claim} | `{system}` vs `{reference}` | {delta:+.2f} | {measured} | "
+                              f"{claim_verdict(expected, measured)} |")  # fmt: skip
+        self.lines.append("")
+
+    def probe_table(self, pair: str) -> None:
         self.lines += [
             "### Word-order probe of the trained models (paper 1 Eq. 9 vs 13)",
             "",
-            f"First {len(sentences)} test sources, 2 permutations each, greedy decoding, first seed's model. Gap = "
-            "‖Enc(PX) − P·Enc(X)‖/‖Enc(X)‖ (0: the encoder cannot see word order); BLEU vs original = sacreBLEU "
-            "of the permuted sources' translations against the original translations (100: order ignored).",
+            f"First {self.args.probe_sentences} test sources, 2 permutations each, greedy decoding, first seed's "
+            "model. Gap = ‖Enc(PX) − P·Enc(X)‖/‖Enc(X)‖ (0: the encoder cannot see word order); BLEU vs original = "
+            "sacreBLEU of the permuted sources' translations against the original translations (100: order "
+            "ignored).",
             "",
             "| system | BLEU | gap (shuffle) | gap (local swap) | BLEU vs original (shuffle) | BLEU vs original (local swap) |",
             "| --- | --- | --- | --- | --- | --- |",
         ]  # fmt: skip
-        for system in (s.name for s in TABLES["main"]):
-            runs = self.seeds_of(pair, system)
+        for system in TABLES["main"]:
+            runs = self.runs_of(pair, system.name)
             if not runs:
                 continue
-            result = probe(runs[0], self.root, sentences)
-            shuffle, swap = result["shuffle"], result["local_swap"]
+            probe = self.read(runs[0], "word_order_probe.json")
+            shuffle, swap = probe["shuffle"], probe["local_swap"]
             self.lines.append(
-                f"| {system} | {self.scores(runs[0])['bleu']:.2f} | {shuffle['equivariance_gap']:.3f} | "
+                f"| {system.name} | {self.read(runs[0], 'scores.json')['bleu']:.2f} | {shuffle['equivariance_gap']:.3f} | "
                 f"{swap['equivariance_gap']:.3f} | {shuffle['bleu_vs_original']:.1f} | {swap['bleu_vs_original']:.1f} |"
             )
         self.lines.append("")
 
     def sweep(self, pair: str, references: list[str]) -> None:
         candidates = {
-            system: statistics.mean(self.scores(run)["bleu"] for run in runs)
-            for system in (s.name for s in TABLES["main"])
-            if system != BASELINE and (runs := self.seeds_of(pair, system))
+            system.name: statistics.mean(self.read(run, "scores.json")["bleu"] for run in runs)
+            for system in TABLES["main"]
+            if system.name != BASELINE and (runs := self.runs_of(pair, system.name))
         }
-        baseline_runs = self.seeds_of(pair, BASELINE)
+        baseline_runs = self.runs_of(pair, BASELINE)
         if not candidates or not baseline_runs:
             return
         best = max(candidates, key=candidates.get)
-        best_run = next(run for run in self.seeds_of(pair, best) if run.seed == baseline_runs[0].seed)
+        best_run = next((run for run in self.runs_of(pair, best) if run.seed == baseline_runs[0].seed), None)
+        if best_run is None:
+            return
         gaps = ngram_sweep(self.hypotheses(best_run), self.hypotheses(baseline_runs[0]), references)
         name = f"results_{pair}_ngram_sweep.png"
         plot_ngram_sweep(gaps, self.docs / name, title=f"{best} − sinusoidal, {pair}, seed {best_run.seed}")
@@ -358,60 +565,35 @@ class Report:
         ]
 
     def pictures(self, pair: str) -> None:
+        """What each main-table model learned about positions (first seed), drawn from its model folder when it
+        is on this machine; a picture drawn earlier is kept otherwise."""
         self.lines += ["### What the models learned about positions", ""]
-        for system in (s.name for s in TABLES["main"]):
-            runs = self.seeds_of(pair, system)
+        for system in TABLES["main"]:
+            runs = self.runs_of(pair, system.name)
             if not runs:
                 continue
-            model, _ = load_model(runs[0].folder(self.root))
-            name = f"results_{pair}_{system}_positions.png"
-            if plot_learned_positions(
-                model, self.docs / name, title=f"{system}, {pair}, seed {runs[0].seed}"
-            ):
-                self.lines += [f"`{system}`:", "", f"![{system}]({name})", ""]
-
-
-def bootstrap_cell(tests: list[dict]) -> str:
-    """'p=0.012**, p=0.300' for the seeds' BLEU bootstrap tests."""
-    return ", ".join(f"p={test['bleu']['p_value']:.3f}{test['bleu']['significance']}" for test in tests)
-
-
-def verdict(delta, bleu, base_bleu, tests) -> str:
-    """better/worse only when every seed's bootstrap is significant (p < 0.10) and the gap exceeds two seed
-    standard deviations (of the system or of the baseline, whichever is larger and measured); else a tie.
-    With one seed of both, no seed noise is measured and the bootstrap alone cannot call a gap: "one seed"."""
-    if delta is None:
-        return "baseline"
-    seed_sds = [statistics.stdev(values) for values in (bleu, base_bleu) if len(values) >= 2]
-    if not seed_sds:
-        return "one seed"
-    if abs(delta) <= 2 * max(seed_sds):
-        return "tie"
-    if tests and all(t["bleu"]["significance"] for t in tests):
-        return "better" if delta > 0 else "worse"
-    return "tie"
-
-
-def hardware(args) -> str:
-    device = torch.cuda.get_device_name() if torch.cuda.is_available() else f"CPU ({platform.machine()})"
-    return (
-        f"{device}, {args.jobs} run(s) at a time with {args.threads} torch thread(s) each, "
-        f"torch {torch.__version__}, transformers {transformers.__version__}"
-    )
+            name = f"results_{pair}_{system.name}_positions.png"
+            model_dir = runs[0].folder(self.args.models_dir)
+            if (model_dir / "config.json").is_file():
+                model = AutoModelForSeq2SeqLM.from_pretrained(model_dir)
+                title = f"{system.name}, {pair}, seed {runs[0].seed}"
+                if not plot_learned_positions(model, self.docs / name, title=title):
+                    (self.docs / name).unlink(missing_ok=True)
+            if (self.docs / name).is_file():
+                self.lines += [f"`{system.name}`:", "", f"![{system.name}]({name})", ""]
 
 
 def main(argv=None):
-    args = build_parser().parse_args(argv)
+    args = parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    torch.set_num_threads(args.threads)
+    args.run_precision = resolved_precision(args)
     runs = planned_runs(args)
     if not args.report_only:
-        logger.info(
-            "%d runs planned, %d done before",
-            len(runs),
-            sum(finished(r, Path(args.output_dir)) for r in runs),
-        )
+        logger.info("%d runs planned, %d done before; %s", len(runs), sum(done(r, args) for r in runs),
+                    describe_hardware("cuda" if torch.cuda.is_available() else "cpu").line())  # fmt: skip
         train_all(runs, args)
-    logger.info("wrote %s", Report(args).write())
+    logger.info("wrote %s (transformers %s)", Report(args).write(), transformers.__version__)
 
 
 if __name__ == "__main__":
