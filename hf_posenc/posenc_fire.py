@@ -43,8 +43,8 @@ class FirePositionEncoding(PositionEncoding):
     input length; a symmetric f_θ(ψ(|i - j|) / ψ(max(L, i))) would send the first tokens' future keys far
     beyond 1 once inputs outgrow L. n is read per sequence from the key positions, so padding changes nothing.
 
-    Cost: the bias depends on (i, j) only through the distance r = j - i and the context size s, so the MLP
-    runs on a grid, one row per context size s the host-side spans allow (each with its normaliser
+    Cost: the bias depends on (i, j) only through the distance r = j - i and the context size s, so f_θ (as a
+    piecewise-linear function, `mlp`) runs on a grid, one row per context size s the host-side spans allow (each with its normaliser
     ψ(max(L, s))), one column per distinct distance r, and the bias is gathered from it: a decoding step is one
     row of t + 1 distances; a full forward of n tokens n x n pairs in the decoder (distances r <= 0 only),
     n x (2n - 1) in the encoder, about what the paper's listing evaluates (n x n) once per layer. Nothing is
@@ -112,10 +112,30 @@ class FirePositionEncoding(PositionEncoding):
         return torch.log1p(self.c.float().abs() * values.float())
 
     def mlp(self, direction: int, inputs: torch.Tensor) -> torch.Tensor:
-        """f_θ of one direction on normalised distances (N, R): (H, N, R), in the parameters' dtype."""
-        inputs = inputs.to(self.hidden_weight.dtype)[..., None]  # (N, R, 1)
-        hidden = torch.relu(inputs * self.hidden_weight[direction] + self.hidden_bias[direction])  # (N, R, W)
-        return (hidden @ self.output_weight[direction] + self.output_bias[direction]).movedim(-1, 0)
+        """f_θ of one direction on normalised distances (N, R): (H, N, R), in float32.
+
+        f_θ(x) = W2^T relu(w x + b) + b2 is piecewise linear in its scalar input, with a kink where each hidden
+        unit u switches, x = -b_u / w_u. It is evaluated as such: the slope and offset of each of the W + 1
+        pieces are summed over the units active on that piece, and each x takes those of its piece (a search
+        among the sorted kinks). That is the MLP exactly (up to rounding), gradients included (at a kink itself
+        a unit may count as on, giving the other one-sided derivative than torch's relu), at H instead of
+        W (H + 1) multiply-adds per input and without the (N, R, W) hidden activations: the bias of a 1000-token
+        encoder took 2.5 s forward and backward through the plain MLP, 0.12 s so (one thread, AVX512 CPU).
+        """
+        weight, bias = self.hidden_weight[direction].float(), self.hidden_bias[direction].float()  # (W,) each
+        output_weight = self.output_weight[direction].float()  # (W, H)
+        with torch.no_grad():  # which units are active on which piece depends on the kinks' order only
+            kinks = torch.where(weight != 0, -bias / weight, torch.inf)  # a unit without slope never switches
+            sorted_kinks, order = kinks.sort()
+            rank = order.argsort()[None]  # (1, W): each unit's place among the kinks
+            # piece p holds the inputs above exactly p kinks
+            pieces = torch.arange(weight.shape[0] + 1, device=weight.device)[:, None]  # (W + 1, 1)
+            active = torch.where(weight > 0, rank < pieces, torch.where(weight < 0, rank >= pieces, bias > 0))
+        active = active.float()  # (W + 1, W)
+        slopes = (active @ (weight[:, None] * output_weight)).T  # (H, W + 1)
+        offsets = (active @ (bias[:, None] * output_weight)).T + self.output_bias[direction].float()[:, None]
+        piece = torch.searchsorted(sorted_kinks, inputs.contiguous())  # (N, R)
+        return slopes[:, piece] * inputs + offsets[:, piece]  # (H, N, R)
 
     def score_bias(self, layer_idx, context):
         distances, index = distinct_distances(context)  # (R,), (B|1, q, k)
@@ -144,4 +164,5 @@ class FirePositionEncoding(PositionEncoding):
             index = index.clamp(max=split - 1)
             rows = queries[:, :, None]  # s = i, (B|1, q, 1)
         flat = (rows - smallest) * values.shape[-1] + index  # (B|1, q, k)
-        return values.flatten(1)[:, flat].movedim(0, 1)  # (B|1, H, q, k)
+        values = values.to(self.output_weight.dtype).flatten(1)  # (H, N * columns)
+        return values[:, flat].movedim(0, 1)  # (B|1, H, q, k)

@@ -118,6 +118,37 @@ def test_fire_bias_equals_the_equation_pair_by_pair(stack, layout):
     torch.testing.assert_close(actual[visible], expected[visible], atol=1e-5, rtol=1e-5)
 
 
+def test_fire_piecewise_linear_evaluation_equals_the_relu_mlp():
+    """f_θ is evaluated piece by piece between the kinks of its hidden units; values equal the plain ReLU MLP on
+    any inputs, kinks included, with units of zero slope (never switching) and units sharing a kink, and so do
+    the gradients away from the kinks (at a kink either one-sided derivative is a valid subgradient)."""
+    model = tiny_model(position_encoding="fire", fire_mlp_width=8)
+    encoding = model.model.encoder.position_encoding
+    with torch.no_grad():
+        for parameter in (encoding.hidden_weight, encoding.hidden_bias, encoding.output_weight):
+            parameter.normal_()
+        encoding.hidden_weight[1, :2] = 0.0  # no slope: always on (bias > 0) or always off
+        encoding.hidden_bias[1, :2] = torch.tensor([0.5, -0.5])
+        encoding.hidden_weight[1, 2:4] = torch.tensor([2.0, -1.0])  # both switch at x = 0.25
+        encoding.hidden_bias[1, 2:4] = torch.tensor([-0.5, 0.25])
+    inputs = torch.cat([torch.randn(5, 40) * 3, torch.tensor([[0.25, 0.0, 1.0]]).expand(5, -1)], dim=1)
+    parameters = [encoding.hidden_weight, encoding.hidden_bias, encoding.output_weight, encoding.output_bias]
+    for direction in (0, 1):
+        hidden = torch.relu(
+            inputs[..., None] * encoding.hidden_weight[direction] + encoding.hidden_bias[direction]
+        )
+        plain = (hidden @ encoding.output_weight[direction] + encoding.output_bias[direction]).movedim(-1, 0)
+        piecewise = encoding.mlp(direction, inputs)
+        torch.testing.assert_close(piecewise, plain)
+        weights = torch.randn_like(plain)[..., :40]  # the random inputs, none of them at a kink
+        for expected, actual in zip(
+            torch.autograd.grad((plain[..., :40] * weights).sum(), parameters),
+            torch.autograd.grad((piecewise[..., :40] * weights).sum(), parameters),
+            strict=True,
+        ):
+            torch.testing.assert_close(actual, expected, atol=1e-4, rtol=1e-4)
+
+
 @pytest.mark.parametrize("threshold", [512.0, 4.0])
 def test_fire_normalised_distances_stay_in_the_unit_interval_for_1000_positions(threshold):
     """Progressive interpolation: with f_θ the identity, the bias is the MLP's input, which lies in [0, 1] for
