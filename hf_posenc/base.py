@@ -243,7 +243,8 @@ class PositionEncoding(DescribedModule, nn.Module):
     ) -> torch.Tensor:
         """Scaled token embeddings (B, L, D) -> stack input (B, L, D), before the stack's dropout.
 
-        The tokens' positions are `context.query_positions`, (B, L) in the encoder and (1, L) in the decoder;
+        The tokens' positions are `context.query_positions`, (B, L) in the encoder and (1, L) in the decoder
+        ((B, L) in training with SHAPE, `shape_max_shift`);
         `padding_mask` is the stack's (B, L) 1/0 mask or None; `cache` is the model's :class:`PosEncCache`
         during incremental decoding (encodings with a recurrent state keep it there), else None.
         """

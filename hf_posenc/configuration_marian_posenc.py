@@ -63,6 +63,10 @@ class MarianPosEncConfig(MarianConfig, ModuleHyperparameters):
         `position_encoding` shorthand), and config.json stores the resolved value.
     encoder_self_attention / decoder_self_attention / cross_attention (`str`, defaults to `"attention"`): a
         name from `hf_posenc.TOKEN_MIXERS`.
+    shape_max_shift (`int`, defaults to 0 = off): SHAPE (Kiyono et al. 2021). In training, every sequence's
+        positions are shifted by a random offset k in [0, shape_max_shift], drawn per sequence and
+        independently for encoder and decoder as in the paper's code; never at inference. Bounded position
+        tables must then hold the longest training sequence plus shape_max_shift positions.
     Module hyperparameters: the fields each module class declares in `hyperparameters` (docs/architecture.md
         lists them with their defaults).
 
@@ -93,6 +97,7 @@ class MarianPosEncConfig(MarianConfig, ModuleHyperparameters):
     encoder_self_attention: str = "attention"
     decoder_self_attention: str = "attention"
     cross_attention: str = "attention"
+    shape_max_shift: int = 0
 
     def __post_init__(self, **kwargs):
         unknown = sorted(set(kwargs) - ACCEPTED_EXTRA_KEYS - {"position_encoding"})
@@ -134,6 +139,8 @@ class MarianPosEncConfig(MarianConfig, ModuleHyperparameters):
                 raise ValueError(
                     f"d_model={self.d_model} must be divisible by {stack}_attention_heads={heads}."
                 )
+        if self.shape_max_shift < 0:
+            raise ValueError(f"shape_max_shift={self.shape_max_shift} must be >= 0 (0 turns SHAPE off).")
         for name, hyperparameter in module_hyperparameters().items():
             hyperparameter.check(name, getattr(self, name))
         for site in ATTENTION_SITES:

@@ -11,8 +11,9 @@ changes of structure and none of arithmetic:
 
 Positions are computed here, once per forward, and handed down: in the encoder from the padding mask (a
 token's position counts from the start of its own sequence), in the decoder from the number of cached
-positions. With `"sinusoidal"` + `"attention"` the model reproduces `MarianMTModel` logits exactly;
-`from_marian` converts stock checkpoints.
+positions; in training with `shape_max_shift` > 0 both are shifted by a random offset per sequence (SHAPE,
+`MarianPosEncStack.shape_offsets`). With `"sinusoidal"` + `"attention"` the model reproduces `MarianMTModel`
+logits exactly; `from_marian` converts stock checkpoints.
 """
 
 import dataclasses
@@ -56,6 +57,7 @@ logger = logging.get_logger(__name__)
 MAX_NEW_TOKENS_OVER_SOURCE = 50  # paper 1 decodes up to source length + 50 tokens
 # Paper 1's evaluation (§4.1): beam 4, length penalty 0.6; the saved generation config of every model.
 PAPER_1_DECODING = {"num_beams": 4, "length_penalty": 0.6}
+SHAPE_OFFSETS = "shape_offsets"  # the decoder's SHAPE offsets in `PosEncCache.extra_state`, (B, 1)
 
 
 def shift_tokens_right(labels: torch.Tensor, pad_token_id: int, decoder_start_token_id: int) -> torch.Tensor:
@@ -206,6 +208,21 @@ class MarianPosEncStack(MarianPosEncPreTrainedModel):
             mixer.share_within_stack(mixers)
         self.gradient_checkpointing = False
 
+    def shape_offsets(self, batch_size: int, device) -> torch.Tensor | None:
+        """SHAPE's random shifts (Kiyono et al. 2021): one offset k ~ U{0, ..., K} per sequence, (B, 1), with
+        K = `config.shape_max_shift`, added to every position of the sequence; None at inference or with K = 0.
+
+        The authors' released code (github.com/butsugiri/shape, an OpenNMT-py fork) gives encoder and decoder
+        each their own shifted position module, which draws one offset per sequence, so the two stacks are
+        shifted independently; each stack calls this once per forward and so do we. Deviations from that
+        code: it draws k in [0, K) and narrows the range where its table would overflow, we draw k in [0, K]
+        and let a table too short for length + K raise `check_max_positions`' error; at inference it keeps
+        every position shifted by K, we do not shift at all (k = 0).
+        """
+        if not (self.training and self.config.shape_max_shift):
+            return None
+        return torch.randint(0, self.config.shape_max_shift + 1, (batch_size, 1), device=device)  # (B, 1)
+
 
 class MarianPosEncEncoder(MarianPosEncStack):
     """Token embeddings -> position encoding -> `config.encoder_layers` encoder layers."""
@@ -231,9 +248,13 @@ class MarianPosEncEncoder(MarianPosEncStack):
             inputs_embeds = self.embed_tokens(input_ids) * self.embed_scale  # (B, L, D)
 
         length = inputs_embeds.shape[1]
-        position_ids = positions_from_padding_mask(attention_mask, length, inputs_embeds.device)
+        position_ids = positions_from_padding_mask(attention_mask, length, inputs_embeds.device)  # (B|1, L)
         # Without a mask the positions are 0..L-1; with one, their span is read once per encoder forward.
         span = (0, length - 1) if attention_mask is None else None
+        offsets = self.shape_offsets(inputs_embeds.shape[0], inputs_embeds.device)
+        if offsets is not None:  # SHAPE: bounded by the largest shift, so a short table fails on every batch
+            position_ids = position_ids + offsets  # (B, L)
+            span = (0, length - 1 + self.config.shape_max_shift)
         context = PositionContext(self.position_encoding, position_ids, position_ids, span, span)
         hidden_states = self.position_encoding.embed(inputs_embeds, context, attention_mask, None)
         hidden_states = nn.functional.dropout(hidden_states, p=self.dropout, training=self.training)
@@ -304,7 +325,12 @@ class MarianPosEncDecoder(MarianPosEncStack):
         # Query positions come from the number of cached positions: the one place that decides them.
         past_length = past_key_values.get_seq_length() if past_key_values is not None else 0
         key_positions = torch.arange(past_length + query_length, device=device)[None]  # (1, k)
-        query_positions = key_positions[:, past_length:]  # (1, q)
+        offsets = self.shape_offsets(batch_size, device)
+        if offsets is not None:
+            if isinstance(past_key_values, PosEncCache):  # the first step's offsets serve the later steps
+                offsets = past_key_values.extra_state.setdefault(SHAPE_OFFSETS, offsets)
+            key_positions = key_positions + offsets  # (B, k)
+        query_positions = key_positions[:, past_length:]  # (B|1, q)
         source_positions = positions_from_padding_mask(
             encoder_attention_mask, encoder_hidden_states.shape[1], device
         )  # (B|1, S)
@@ -325,9 +351,10 @@ class MarianPosEncDecoder(MarianPosEncStack):
             encoder_hidden_states=encoder_hidden_states,
         )
 
-        # Host-side spans from the cache length: no position tensor is read back during decoding. Padded
-        # source positions are bounded by the source length.
-        last = past_length + query_length - 1
+        # Host-side spans from the cache length (and SHAPE's largest shift): no position tensor is read back
+        # during decoding. Padded source positions are bounded by the source length. Cross-attention sees the
+        # source positions unshifted: the encoder's SHAPE offsets are its own (drawn independently).
+        last = past_length + query_length - 1 + (self.config.shape_max_shift if offsets is not None else 0)
         query_span, source_span = (past_length, last), (0, encoder_hidden_states.shape[1] - 1)
         self_context = PositionContext(
             self.position_encoding, query_positions, key_positions, query_span, (0, last)

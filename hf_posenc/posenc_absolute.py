@@ -78,7 +78,9 @@ class LearnedPositionEncoding(PositionEncoding):
     title = "LAPE (learned)"
     reference = "Gehring et al. 2017; paper 1 Eq. 6 (LAPE)"
     citations = ("Gehring et al. 2017. Convolutional Sequence to Sequence Learning. ICML.", PAPER_1)
-    variants = {"decoder-none": {"decoder_position_encoding": "none"}}
+    # SHAPE (`shape_max_shift`, a training option of the model) with the table it most affects: training
+    # positions reach length + K.
+    variants = {"decoder-none": {"decoder_position_encoding": "none"}, "shape": {"shape_max_shift": 8}}
 
     def __init__(self, config, stack):
         super().__init__(config, stack)

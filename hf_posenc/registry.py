@@ -12,6 +12,8 @@ from .mixer_gaussian import GaussianNet
 from .mixer_lightconv import LightConv
 from .mixer_linear import GLinearNet, LinearNet
 from .posenc_absolute import LearnedPositionEncoding, NoPositionEncoding, SinusoidalPositionEncoding
+from .posenc_fire import FirePositionEncoding
+from .posenc_kerple import KerplePositionEncoding
 from .posenc_posnet import PosNetAttention, PosNetEmbedding
 from .posenc_recurrent import MPRHeadPositionEncoding, RPEHeadPositionEncoding
 from .posenc_relative import (
@@ -35,6 +37,8 @@ POSITION_ENCODINGS = {
     "adaptive_t5": AdaptiveT5PositionEncoding,
     "alibi": AlibiPositionEncoding,
     "rope": RotaryPositionEncoding,
+    "fire": FirePositionEncoding,
+    "kerple": KerplePositionEncoding,
 }
 
 TOKEN_MIXERS = {
