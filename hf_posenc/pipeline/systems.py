@@ -5,7 +5,8 @@ position encoding in both stacks, or a token mixer at each self-attention site i
 stays content attention, as in paper 2's models; the config then pairs each stack with the input embedding
 the mixer recommends). A module class adds more through its own metadata (`DescribedModule`):
 `variants` (option sets with their own conformance and benchmark run) and `comparison_rows` (rows of the
-ablation tables). Nothing here names a module, so a new registry entry appears everywhere by itself.
+ablation tables). Only the training-option rows (SHAPE, concatenation) are written here; no module is named,
+so a new registry entry appears everywhere by itself.
 """
 
 from dataclasses import dataclass, field
@@ -25,6 +26,25 @@ TABLE_TITLES = {
     "posnet_dim": "PosNet-Embed kernel dimension d_p (paper 1 Fig. 3)",
     "rpe_dim": "RPE dimension d_r (paper 3 Fig. 2)",
     "length": "Length generalisation: extrapolating encodings and training options",
+}
+
+
+# Rows of training options rather than modules (Kiyono et al. 2021's SHAPE with K = 100, enough to move
+# Multi30k's training lengths over the joined test inputs while a 256-position table holds L + K; Varis &
+# Bojar 2021's concatenation, half the training examples two joined pairs), as (overrides, training fields).
+TRAINING_OPTION_ROWS = {
+    "length": {
+        "sinusoidal+shape": ({"shape_max_shift": 100}, {}),
+        "learned+shape": (
+            {
+                "encoder_position_encoding": "learned",
+                "decoder_position_encoding": "learned",
+                "shape_max_shift": 100,
+            },
+            {},
+        ),
+        "sinusoidal+concat": ({}, {"concat_probability": 0.5}),
+    }
 }
 
 
@@ -85,6 +105,9 @@ def comparison_tables() -> dict[str, list[System]]:
                     else System(row, {**module_overrides(name), **overrides})
                 )
                 systems.append(system)
+    for table, rows in TRAINING_OPTION_ROWS.items():
+        systems = tables.setdefault(table, [by_name[BASELINE]])
+        systems += [System(row, overrides, training) for row, (overrides, training) in rows.items()]
     return {table: tables[table] for table in TABLE_TITLES if table in tables}
 
 
