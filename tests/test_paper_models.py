@@ -12,10 +12,10 @@ from hf_posenc import MarianPosEncForConditionalGeneration
 sys.path.insert(0, str(REPO / "train_scripts"))
 import train  # noqa: E402  (train_scripts/ is a folder of scripts, not a package)
 
-# Paper 1 Table 1 (En-De column, millions): SAPE 63.08, and each row's count.
+# Paper 1 Table 1 (En-De column, millions): SAPE 63.08, and each row's count. The RPE row (63.37, "following
+# Shaw et al.") is not reproduced: see test_rpe_is_shaws_base_configuration.
 PAPER_1_TABLE_1 = {
     "learned": 64.13,
-    "shaw": 63.37,
     "adaptive_t5": 63.08,
     "posnet_attn": 64.11,
     "posnet_embed": 66.49,
@@ -43,6 +43,17 @@ def test_paper_1_table_1_parameter_deltas_are_reproduced_by_the_base_recipe(enco
         assert delta < 0.01e6
     else:
         assert delta == pytest.approx(paper, rel=0.02)
+
+
+def test_rpe_is_shaws_base_configuration():
+    """Shaw et al. 2018 (§3.3, §4.1): clipping k = 16 in the base model, key and value tables of 2k + 1 rows of
+    d_h per self-attention layer, shared by the heads: 12 layers x 2 x 33 x 64 = 50,688 parameters (+0.05M).
+    Paper 1 Table 1 reports +0.29M for its RPE; no configuration of Shaw's method we could derive gives that
+    (docs/relative.md), so this row checks Shaw's own configuration instead."""
+    delta = base_model_parameters("--position_encoding", "shaw") - base_model_parameters(
+        "--position_encoding", "sinusoidal"
+    )
+    assert delta == 12 * 2 * 33 * 64
 
 
 def test_posnet_attn_is_one_kernel_table_for_the_whole_model_by_default():

@@ -20,7 +20,12 @@ LAYERS, HEADS = 2, 4  # conftest.TINY_FIELDS
         (dict(position_encoding="t5_bias"), 2, "curves"),  # bias vs distance, shared by the layers of a stack
         (dict(position_encoding="adaptive_t5"), 2, "curves"),  # first layer only by default
         (dict(position_encoding="posnet_embed"), 1, "map"),  # one module shared by both stacks
-        (dict(position_encoding="posnet_attn"), 2 * LAYERS, "map"),  # a kernel table per layer and stack
+        (dict(position_encoding="posnet_attn"), 1, "map"),  # one kernel table for the whole model
+        (
+            dict(position_encoding="posnet_attn", posnet_attn_share_layers=False),
+            2 * LAYERS,
+            "map",
+        ),  # per layer
         # energies per layer and head, plus the learned input tables rPosNet comes with (paper 2 §5.2)
         (
             dict(encoder_self_attention="rposnet", decoder_self_attention="rposnet"),
@@ -28,7 +33,16 @@ LAYERS, HEADS = 2, 4  # conftest.TINY_FIELDS
             "map",
         ),
     ],
-    ids=["learned", "shaw", "t5_bias", "adaptive_t5", "posnet_embed", "posnet_attn", "rposnet"],
+    ids=[
+        "learned",
+        "shaw",
+        "t5_bias",
+        "adaptive_t5",
+        "posnet_embed",
+        "posnet_attn",
+        "posnet_attn-per-layer",
+        "rposnet",
+    ],
 )
 def test_each_module_kind_gets_its_panels(overrides, expected_panels, kind, tmp_path):
     panels = position_panels(tiny_model(**overrides), positions=12)

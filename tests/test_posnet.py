@@ -145,7 +145,7 @@ def test_posnet_attn_value_transform_matches_equation_23(per_head):
     positions = torch.tensor([[3, 4, 5, 6, 7], [0, 1, 2, 2, 2]])
     with torch.no_grad():
         actual = encoding.transform_values(1, value, positions)
-    kernels = encoding.kernels[1]
+    kernels = encoding.layer_kernels(1)  # the one table every layer reads by default
     expected = torch.empty_like(value)
     for b in range(2):
         for h in range(4):
@@ -241,16 +241,16 @@ def test_posnet_attn_saves_only_the_values_and_a_byte_mask_with_relu(activation,
         assert len(floats) > 1
 
 
-def test_posnet_attn_shared_across_layers_uses_one_table_for_the_whole_model(tmp_path):
-    """posnet_attn_share_layers with posnet_shared: every self-attention layer of both stacks reads one kernel
-    table (saved once, tied again after loading); the model has (layers − 1) tables fewer than per layer."""
-    model = tiny_model(position_encoding="posnet_attn", posnet_attn_share_layers=True)
+def test_posnet_attn_default_is_one_table_for_the_whole_model(tmp_path):
+    """By default (posnet_attn_share_layers, posnet_shared: paper 1 Table 1's model) every self-attention layer of
+    both stacks reads one kernel table (saved once, tied again after loading); per-layer tables add 3 more."""
+    model = tiny_model(position_encoding="posnet_attn")
     encoder, decoder = model.model.encoder.position_encoding, model.model.decoder.position_encoding
     table = encoder.layer_kernels(0)
     assert all(e.layer_kernels(i) is table for e in (encoder, decoder) for i in range(2))
     kernel_keys = [key for key in model.state_dict() if ".kernels." in key]
     assert kernel_keys == ["model.encoder.position_encoding.kernels.0"]
-    per_layer = tiny_model(position_encoding="posnet_attn")
+    per_layer = tiny_model(position_encoding="posnet_attn", posnet_attn_share_layers=False)
     extra = sum(p.numel() for p in per_layer.parameters()) - sum(p.numel() for p in model.parameters())
     assert extra == 3 * table.numel()  # 4 self-attention layers, one table left
     model.save_pretrained(tmp_path)
@@ -262,7 +262,7 @@ def test_posnet_attn_shared_across_layers_uses_one_table_for_the_whole_model(tmp
 
 def test_posnet_attn_shared_layers_with_separate_stacks_gives_one_table_per_stack():
     """posnet_attn_share_layers without posnet_shared: the layers of a stack share its table, the stacks don't."""
-    model = tiny_model(position_encoding="posnet_attn", posnet_attn_share_layers=True, posnet_shared=False)
+    model = tiny_model(position_encoding="posnet_attn", posnet_shared=False)
     encoder, decoder = model.model.encoder.position_encoding, model.model.decoder.position_encoding
     assert encoder.layer_kernels(0) is encoder.layer_kernels(1)
     assert decoder.layer_kernels(0) is decoder.layer_kernels(1)

@@ -15,7 +15,7 @@ import train  # noqa: E402  (train_scripts/ is a folder of scripts, not a packag
 TINY = [
     "--train_limit", "3000", "--test_limit", "40", "--max_steps", "30", "--d_model", "32", "--layers", "1",
     "--heads", "4", "--ffn_dim", "64", "--vocab_size", "1200", "--max_tokens", "1500", "--threads", "2",
-    "--examples", "2",
+    "--examples", "2", "--fail_on_degenerate", "false",
 ]  # fmt: skip
 
 LOAD_WITHOUT_PACKAGE = textwrap.dedent(
@@ -99,9 +99,34 @@ def test_tiny_training_run_writes_a_hub_ready_folder_that_loads_without_the_pack
 
 
 def test_stock_marian_baseline_runs_through_the_same_pipeline(multi30k_dir, tmp_path):
-    scores = train.main([*TINY, "--data_dir", str(multi30k_dir), "--architecture", "stock_marian",
-                         "--max_steps", "5", "--output_dir", str(tmp_path / "stock")])  # fmt: skip
+    scores = train.main([*TINY, "--data_dir", str(multi30k_dir), "--architecture", "stock_marian", "--precision",
+                         "fp32", "--max_steps", "5", "--output_dir", str(tmp_path / "stock")])  # fmt: skip
     assert scores["architecture"] == "stock_marian" and scores["precision"] == "fp32" and scores["steps"] == 5
+
+
+def test_degenerate_output_fails_the_default_job_but_is_written_and_marked(multi30k_dir, tmp_path, capsys):
+    """A run whose translations are garbage must not look like a success: exit code 3, the warning in the output,
+    scores.json and the model card; the folder is still written so that the run can be inspected."""
+    flags = [arg for arg in TINY if arg not in ("--fail_on_degenerate", "false")]
+    with pytest.raises(SystemExit) as exit_info:
+        train.main(
+            [
+                *flags,
+                "--max_steps",
+                "3",
+                "--data_dir",
+                str(multi30k_dir),
+                "--output_dir",
+                str(tmp_path / "bad"),
+            ]
+        )
+    assert exit_info.value.code == 3
+    assert "DEGENERATE OUTPUT" in capsys.readouterr().err
+    scores = json.loads((tmp_path / "bad" / "scores.json").read_text())
+    assert scores["degenerate"] and any(
+        "below 1" in reason or "empty" in reason for reason in scores["degenerate"]
+    )
+    assert "Warning: degenerate output" in (tmp_path / "bad" / "README.md").read_text()
 
 
 def test_missing_data_folder_is_reported_with_the_file_it_looked_for(tmp_path):

@@ -222,6 +222,7 @@ def execute(run: Run, args) -> str:
     if process.returncode != 0:
         return f"{run.label()}: FAILED (exit {process.returncode}), see {models}.train.log"
     measure(run, models, results, args)
+    shutil.rmtree(checkpoints)  # the averaged model is in the model folder; checkpoints are 5 x model + Adam
     minutes = (time.monotonic() - started) / 60
     bleu = json.loads((results / "scores.json").read_text())["bleu"]
     return f"{run.label()}: BLEU {bleu:.2f} in {minutes:.1f} min"

@@ -44,7 +44,7 @@ from transformers import (
 from transformers.trainer_callback import ProgressCallback
 
 from hf_posenc import MarianPosEncConfig, MarianPosEncForConditionalGeneration
-from hf_posenc.modeling_marian_posenc import PAPER_1_DECODING
+from hf_posenc.modeling_marian_posenc import MAX_NEW_TOKENS_OVER_SOURCE, PAPER_1_DECODING
 from hf_posenc.pipeline.augmentation import concatenate_consecutive
 from hf_posenc.pipeline.averaging import average_into, select_checkpoints
 from hf_posenc.pipeline.batching import TokenBudgetBatchSampler
@@ -404,8 +404,9 @@ def build_model(args: Arguments, data: PreparedData):
         dims = {k: v for k, v in model_config(args, len(tokenizer), pad, eos).to_dict().items()
                 if k in MarianConfig.__dataclass_fields__ and k not in ("architectures", "dtype")}  # fmt: skip
         model = MarianMTModel(MarianConfig(**dims))
-        # the same decoding as our models, with Marian's own length limit (it has no source + 50 rule)
-        model.generation_config.update(**PAPER_1_DECODING, bad_words_ids=[[pad]])
+        # our models' decoding; Marian has no source + 50 rule, so it may write the longest accepted sentence + 50
+        model.generation_config.update(**PAPER_1_DECODING, bad_words_ids=[[pad]],
+                                       max_new_tokens=args.data.max_length + MAX_NEW_TOKENS_OVER_SOURCE)  # fmt: skip
     else:
         model = MarianPosEncForConditionalGeneration(model_config(args, len(tokenizer), pad, eos, data.train))
     generation = {k: v for k, v in (("num_beams", args.model.num_beams), ("length_penalty", args.model.length_penalty))
@@ -469,7 +470,8 @@ def resume_checkpoint(args: Arguments) -> str | None:
 
 def train(args: Arguments, model, data: PreparedData, precision) -> tuple[TranslationTrainer, TrainingReport]:
     """`Seq2SeqTrainer` run with token-budget batches, the time budget, progress and a budget check."""
-    training = dataclasses.replace(args.training, output_dir=str(args.checkpoints_dir))
+    # checkpoints go beside the run folder; `export` uploads the finished folder, not the Trainer
+    training = dataclasses.replace(args.training, output_dir=str(args.checkpoints_dir), push_to_hub=False)
     training.bf16, training.fp16 = precision.precision == "bf16", precision.precision == "fp16"
     # the stock baseline trains on the Trainer's own batches of per_device_train_batch_size sentences
     max_tokens = args.data.max_tokens if args.model.architecture == "marian_posenc" else None
