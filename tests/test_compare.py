@@ -31,7 +31,7 @@ def test_every_system_is_a_valid_training_command(system):
 def test_every_table_holds_the_baseline_and_claims_name_known_systems():
     for table, systems in compare.TABLES.items():
         assert compare.BASELINE in [s.name for s in systems], table
-    for paper, claim, system, reference, expected in compare.CLAIMS:
+    for _paper, claim, system, reference, expected in compare.CLAIMS:
         assert system in compare.SYSTEMS and reference in compare.SYSTEMS, claim
         assert expected in ("<", ">", "≈", "≥")
 
