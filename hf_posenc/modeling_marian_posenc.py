@@ -17,9 +17,12 @@ logits exactly; `from_marian` converts stock checkpoints.
 """
 
 import dataclasses
+import inspect
 import math
+from pathlib import Path
 
 import torch
+from safetensors import SafetensorError
 from torch import nn
 from transformers import GenerationMixin, PreTrainedModel
 from transformers import initialization as init
@@ -58,6 +61,23 @@ MAX_NEW_TOKENS_OVER_SOURCE = 50  # paper 1 decodes up to source length + 50 toke
 # Paper 1's evaluation (§4.1): beam 4, length penalty 0.6; the saved generation config of every model.
 PAPER_1_DECODING = {"num_beams": 4, "length_penalty": 0.6}
 SHAPE_OFFSETS = "shape_offsets"  # the decoder's SHAPE offsets in `PosEncCache.extra_state`, (B, 1)
+
+
+def check_token_ids(ids: torch.Tensor, vocab_size: int, name: str, ignore_index: int | None = None) -> None:
+    """Clear errors for inputs the embedding or the loss would fail on deep inside torch: no token at all, or
+    ids outside the vocabulary (`ignore_index` excepted). Reads the ids' range back to the host."""
+    if ids.numel() == 0:
+        raise ValueError(f"{name} of shape {tuple(ids.shape)} hold no token; every row needs at least one.")
+    valid = ids if ignore_index is None else ids[ids != ignore_index]
+    if valid.numel() == 0:
+        raise ValueError(f"{name} are all {ignore_index} (ignored): there is no token to compute a loss on.")
+    low, high = (int(value) for value in torch.aminmax(valid))
+    if low < 0 or high >= vocab_size:
+        raise ValueError(
+            f"{name} hold token id {low if low < 0 else high}, outside the vocabulary 0..{vocab_size - 1}"
+            + (f" (or {ignore_index}, ignored)" if ignore_index is not None else "")
+            + "."
+        )
 
 
 def shift_tokens_right(labels: torch.Tensor, pad_token_id: int, decoder_start_token_id: int) -> torch.Tensor:
@@ -165,6 +185,29 @@ class MarianPosEncPreTrainedModel(PreTrainedModel):
     _supports_sdpa = True
     _no_split_modules = ["MarianPosEncEncoderLayer", "MarianPosEncDecoderLayer"]
 
+    @classmethod
+    def from_pretrained(cls, pretrained_model_name_or_path, *args, **kwargs):
+        """`PreTrainedModel.from_pretrained`, saying which model code builds the model (the installed package's
+        classes win over a folder's own copy whenever `hf_posenc` is imported: a warning says so when that
+        copy differs) and naming the file when the weights cannot be read."""
+        folder = Path(str(pretrained_model_name_or_path))
+        ours = Path(inspect.getfile(cls))
+        copy = folder / ours.name
+        if copy.is_file() and copy.resolve() != ours.resolve() and copy.read_bytes() != ours.read_bytes():
+            logger.warning(
+                "%s carries model code that differs from %s, which builds the model; load without importing "
+                "hf_posenc (trust_remote_code=True) to use the folder's own code.",
+                copy,
+                ours,
+            )
+        logger.info("loading %s with the model code of %s", folder, ours)
+        try:
+            return super().from_pretrained(pretrained_model_name_or_path, *args, **kwargs)
+        except SafetensorError as error:
+            raise ValueError(
+                f"the weights in {folder} cannot be read (truncated or damaged?): {error}"
+            ) from None
+
     @torch.no_grad()
     def _init_weights(self, module):
         """Transformers' defaults, then every positional module re-initialises what it owns.
@@ -245,7 +288,12 @@ class MarianPosEncEncoder(MarianPosEncStack):
         if (input_ids is None) == (inputs_embeds is None):
             raise ValueError("Pass exactly one of input_ids or inputs_embeds to the encoder.")
         if inputs_embeds is None:
+            check_token_ids(input_ids, self.embed_tokens.num_embeddings, "input_ids")
             inputs_embeds = self.embed_tokens(input_ids) * self.embed_scale  # (B, L, D)
+        if attention_mask is not None and attention_mask.shape != inputs_embeds.shape[:2]:
+            raise ValueError(
+                f"attention_mask has shape {tuple(attention_mask.shape)}, the inputs {tuple(inputs_embeds.shape[:2])}."
+            )
 
         length = inputs_embeds.shape[1]
         position_ids = positions_from_padding_mask(attention_mask, length, inputs_embeds.device)  # (B|1, L)
@@ -308,6 +356,10 @@ class MarianPosEncDecoder(MarianPosEncStack):
         if (input_ids is None) == (inputs_embeds is None):
             raise ValueError("Pass exactly one of decoder_input_ids or decoder_inputs_embeds to the decoder.")
         if inputs_embeds is None:
+            if (
+                past_key_values is None or past_key_values.get_seq_length() == 0
+            ):  # later steps hold generated ids
+                check_token_ids(input_ids, self.embed_tokens.num_embeddings, "decoder_input_ids")
             inputs_embeds = self.embed_tokens(input_ids)
         inputs_embeds = inputs_embeds * self.embed_scale  # (B, q, D)
         batch_size, query_length = inputs_embeds.shape[:2]
@@ -519,7 +571,11 @@ class MarianPosEncForConditionalGeneration(MarianPosEncPreTrainedModel, Generati
     def generate(self, inputs=None, generation_config=None, **kwargs):
         """`GenerationMixin.generate`; unless a length is given, allows source length + N new tokens, with N
         from the generation config's `max_new_tokens_over_source` (50, paper 1)."""
-        over_source = getattr(generation_config or self.generation_config, "max_new_tokens_over_source", None)
+        settings = generation_config or self.generation_config
+        num_beams = kwargs.get("num_beams", settings.num_beams)
+        if num_beams is not None and num_beams < 1:
+            raise ValueError(f"num_beams={num_beams} must be at least 1 (1: greedy decoding).")
+        over_source = getattr(settings, "max_new_tokens_over_source", None)
         source = inputs if inputs is not None else kwargs.get("input_ids")
         if (
             over_source is not None
@@ -549,6 +605,7 @@ class MarianPosEncForConditionalGeneration(MarianPosEncPreTrainedModel, Generati
         r"""labels (`(B, T)`, -100 = ignored): teacher forcing; the loss is the summed token cross-entropy
         divided by `num_items_in_batch` when the Trainer passes it, else by the number of label tokens."""
         if labels is not None:
+            check_token_ids(labels, self.config.vocab_size, "labels", ignore_index=-100)
             use_cache = False
             if decoder_input_ids is None and decoder_inputs_embeds is None:
                 decoder_input_ids = self.prepare_decoder_input_ids_from_labels(labels)
