@@ -100,7 +100,7 @@ class SimpleRecurrentUnit(nn.Module):
     `rpe_recurrence="hidden"`, where c recurs on itself and W_r, tanh follow the loop.
 
     Deviation: the weights get the same U(-1/sqrt(h), 1/sqrt(h)) initialisation as the other cells, not the
-    paper's recipe for deep SRU stacks (Sec. 3.2: weight variance 1/d and a scaling correction on the highway),
+    paper's recipe for deep SRU stacks (weight variance 1/d and a scaling correction on the highway term),
     which targets many stacked layers; here one SRU layer is followed by W_r and tanh.
     """
 
@@ -150,7 +150,8 @@ class Recurrence:
 class TorchCellRecurrence(Recurrence):
     """Steps of an nn.RNN/GRU/LSTM's weights (PyTorch's gate order and equations)."""
 
-    #: Whether b_hh can join the input gates (it is outside every gate's non-linearity but the GRU's n).
+    #: Whether b_hh joins the input gates: it is added to every gate's input, but for the GRU's candidate
+    #: the reset gate scales it.
     folds_recurrent_bias = True
 
     def __init__(self, weights, directions):
@@ -168,12 +169,16 @@ class TorchCellRecurrence(Recurrence):
 
 
 class ElmanRecurrence(TorchCellRecurrence):
+    """h_j = tanh(W_ih x_j + b_ih + W_hh s + b_hh), s the previous state."""
+
     def step(self, gates, state, memory):
         hidden = torch.tanh(torch.baddbmm(gates, state, self.recurrent_weight))  # (D, B, h)
         return hidden, hidden, memory
 
 
 class GRURecurrence(TorchCellRecurrence):
+    """Gates (reset, update, candidate) as nn.GRU; h_j = (1 - z) n + z s, s the previous state."""
+
     folds_recurrent_bias = False
 
     def __init__(self, weights, directions):
@@ -181,27 +186,25 @@ class GRURecurrence(TorchCellRecurrence):
         self.recurrent_bias = self.stacked("bias_hh")[:, None]  # (D, 1, 3h)
 
     def step(self, gates, state, memory):
+        size = state.shape[-1]
         recurrent = torch.baddbmm(self.recurrent_bias, state, self.recurrent_weight)  # (D, B, 3h)
-        reset_update = torch.sigmoid(
-            gates[..., : 2 * state.shape[-1]] + recurrent[..., : 2 * state.shape[-1]]
-        )
-        reset, update = reset_update.chunk(2, dim=-1)
-        candidate = torch.tanh(
-            gates[..., 2 * state.shape[-1] :] + reset * recurrent[..., 2 * state.shape[-1] :]
-        )
-        hidden = candidate + update * (state - candidate)  # (1 - z) n + z h_{j-1}
+        reset, update = torch.sigmoid(gates[..., : 2 * size] + recurrent[..., : 2 * size]).chunk(2, dim=-1)
+        candidate = torch.tanh(torch.addcmul(gates[..., 2 * size :], reset, recurrent[..., 2 * size :]))
+        hidden = torch.lerp(candidate, state, update)  # (1 - z) n + z h_{j-1}
         return hidden, hidden, memory
 
 
 class LSTMRecurrence(TorchCellRecurrence):
+    """Gates (input, forget, cell, output) as nn.LSTM; the memory cell c recurs on itself in both forms."""
+
     has_memory = True
 
     def step(self, gates, state, memory):
-        in_gate, forget_gate, cell_input, out_gate = torch.baddbmm(gates, state, self.recurrent_weight).chunk(
-            4, dim=-1
-        )
-        memory = torch.sigmoid(forget_gate) * memory + torch.sigmoid(in_gate) * torch.tanh(cell_input)
-        hidden = torch.sigmoid(out_gate) * torch.tanh(memory)  # (D, B, h)
+        gates = torch.baddbmm(gates, state, self.recurrent_weight)  # (D, B, 4h)
+        in_gate, forget_gate, _, out_gate = torch.sigmoid(gates).chunk(4, dim=-1)
+        cell_input = torch.tanh(gates[..., 2 * state.shape[-1] : 3 * state.shape[-1]])
+        memory = torch.addcmul(forget_gate * memory, in_gate, cell_input)  # c_j = f c_{j-1} + i g
+        hidden = out_gate * torch.tanh(memory)  # (D, B, h)
         return hidden, hidden, memory
 
 
@@ -210,7 +213,7 @@ class SRURecurrence(Recurrence):
 
     def __init__(self, weights, directions):
         super().__init__(weights, directions)
-        self.state_weight = self.stacked("weight_c")[:, None]  # (D, 1, 2h): [v_f : v_r]
+        self.state_weight = self.stacked("weight_c").unflatten(-1, (2, -1))[:, None]  # (D, 1, 2, h): v_f, v_r
 
     def input_gates(self, inputs):
         hidden_size = self.weights.hidden_size
@@ -225,14 +228,12 @@ class SRURecurrence(Recurrence):
         return torch.stack(gates)  # (D, B, L, 4h): W x_t, W_f x_t + b_f, W_r x_t + b_r, x_t
 
     def step(self, gates, state, memory):
-        candidate, gate_inputs, highway = gates.split(
-            [state.shape[-1], 2 * state.shape[-1], state.shape[-1]], -1
-        )
-        forget, reset = torch.sigmoid(gate_inputs + self.state_weight * state.repeat(1, 1, 2)).chunk(
-            2, -1
-        )  # (1), (3)
-        cell = candidate + forget * (state - candidate)  # (2): f c_{t-1} + (1 - f) W x_t
-        hidden = highway + reset * (cell - highway)  # (4): r c_t + (1 - r) x_t
+        candidate, gate_inputs, highway = gates.unflatten(-1, (4, -1)).split([1, 2, 1], dim=2)  # (D, B, k, h)
+        forget, reset = torch.sigmoid(  # Eq. 1, 3
+            torch.addcmul(gate_inputs, self.state_weight, state[:, :, None])
+        ).unbind(2)
+        cell = torch.lerp(candidate[:, :, 0], state, forget)  # Eq. 2: f c_{t-1} + (1 - f) W x_t
+        hidden = torch.lerp(highway[:, :, 0], cell, reset)  # Eq. 4: r c_t + (1 - r) x_t
         return hidden, cell, memory
 
 
@@ -308,7 +309,9 @@ def bidirectional_recurrence(
     forward_gates, backward_gates = cell.input_gates(inputs)  # (B, L, G*h) each
     backward_gates = backward_gates.gather(1, reverse.expand_as(backward_gates))
     gates = torch.stack([forward_gates, backward_gates]).permute(2, 0, 1, 3)  # (L, 2, B, G*h)
-    longest = length if padding_mask is None else int(lengths.max())
+    longest = (
+        length if padding_mask is None else int(lengths.max().clamp(min=1))
+    )  # no step past the last token
     state = gates.new_zeros(2, batch, cell.weights.hidden_size)  # r_0 (or h_0, c_0) = 0
     outputs = recur(
         cell, gates[:longest], state, torch.zeros_like(state) if cell.has_memory else None, projection
@@ -439,9 +442,7 @@ class RecurrentPositionEncoding(PositionEncoding):
         init.copy_(self.table, marian_sinusoid_table(self.max_positions, self.word_dim))
         if self.head_mask is not None:
             init.copy_(self.head_mask, head_block_mask(self.num_heads, self.head_dim))
-        bound = (
-            self.rnn.hidden_size**-0.5
-        )  # PyTorch's RNN initialisation, U(-1/sqrt(h), 1/sqrt(h)), every cell
+        bound = self.rnn.hidden_size**-0.5  # PyTorch's RNN initialisation, U(-1/sqrt(h), 1/sqrt(h)); SRU too
         for weight in self.rnn.parameters():
             init.uniform_(weight, -bound, bound)
 
@@ -460,7 +461,7 @@ class RecurrentPositionEncoding(PositionEncoding):
             rpes = self.encoder_rpes(recurrent_part, padding_mask)
         else:
             rpes = self.decoder_rpes(recurrent_part, context.query_span[0], cache)
-        return self.assemble(words, rpes)  # R: (B, L, d_r)
+        return self.assemble(words, rpes)  # R (B, L, d_r)
 
     def recurrence(self) -> Recurrence:
         return RECURRENCE_OF_CELL[self.cell](self.rnn, self.directions)
