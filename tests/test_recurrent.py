@@ -1,6 +1,7 @@
 """RPEHead / MPRHead (Chen et al. 2019): Eq. 6 in both recurrences and every cell (SRU included), layouts,
 per-head projections, the decoder's cached state, init."""
 
+import json
 import math
 
 import pytest
@@ -179,8 +180,8 @@ def test_decoder_input_matches_the_equations_in_full_and_step_by_step(layout, ce
 
 @pytest.mark.parametrize("recurrence", RECURRENCES)
 def test_each_encoder_direction_recurs_on_its_own_state_only_under_eq_6(recurrence):
-    """ "projected": W_r is per direction, so the forward half of r_j depends on x_{<=j} only and the backward half
-    on x_{>=j} only; "hidden" mixes the two directions' states in W_r, so every r_j sees the whole sentence."""
+    """Under "projected" W_r is per direction, so the forward half of r_j depends on x_{<=j} only and the backward
+    half on x_{>=j} only; "hidden" mixes the two directions' states in W_r, so every r_j sees the whole sentence."""
     encoding = tiny_model(
         position_encoding="rpe_head", rpe_recurrence=recurrence
     ).model.encoder.position_encoding
@@ -207,7 +208,7 @@ def test_hidden_recurrence_is_the_computation_of_models_trained_before():
         for stack in (model.model.encoder, model.model.decoder):
             encoding = stack.position_encoding
             gates = {"rnn": 1, "gru": 3, "lstm": 4}[cell] * encoding.rpe_dim // encoding.directions
-            expected = {"rpe_projection.weight": (16, 16), "rpe_projection.bias": (16,)}
+            expected = {"rpe_projection.weight": (16, 16), "rpe_projection.bias": (16,)}  # d_r = 16
             for suffix in ("_l0", "_l0_reverse")[: encoding.directions]:
                 expected |= {
                     f"rnn.weight_ih{suffix}": (gates, 16),
@@ -237,6 +238,26 @@ def test_projected_recurrence_is_a_different_function_of_the_same_cell_weights()
             for m in (hidden, projected)
         ]
     assert not torch.allclose(*logits, atol=1e-3)
+
+
+def test_a_checkpoint_saved_before_the_option_loads_with_its_meaning_only_when_told(tmp_path):
+    """A config.json without rpe_recurrence (saved before the option) loads as "projected": an RPE encoder's W_r
+    then has another shape and loading fails loudly; rpe_recurrence="hidden" gives back the same model."""
+    model = tiny_model(position_encoding="rpe_head", rpe_recurrence="hidden")
+    model.save_pretrained(tmp_path)
+    config = json.loads((tmp_path / "config.json").read_text())
+    del config["rpe_recurrence"]
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    with pytest.raises(RuntimeError, match="ignore_mismatched_sizes"):
+        MarianPosEncForConditionalGeneration.from_pretrained(tmp_path)
+    loaded = MarianPosEncForConditionalGeneration.from_pretrained(tmp_path, rpe_recurrence="hidden").eval()
+    src, mask = source_batch()
+    with torch.no_grad():
+        logits = [
+            m(input_ids=src, attention_mask=mask, decoder_input_ids=target_batch()).logits
+            for m in (model, loaded)
+        ]
+    assert torch.equal(*logits)
 
 
 @parametrize_cells
