@@ -501,7 +501,7 @@ class RecurrentPositionEncoding(PositionEncoding):
         return outputs if self.projected else torch.tanh(self.rpe_projection(outputs))  # Eq. 6
 
     def forward_recurrence(self, inputs: torch.Tensor, stored: torch.Tensor | None):
-        """Our loop over x^r (B, q, d_r) from the stored state (B, state_count, d_r), zeros without one: the
+        """The step loop over x^r (B, q, d_r) from the stored state (B, state_count, d_r), zeros without one: the
         outputs (B, q, d_r) and the final states, (1, B, d_r) each."""
         cell = self.recurrence()
         gates = cell.input_gates(inputs).permute(2, 0, 1, 3)  # (q, 1, B, G*h)
