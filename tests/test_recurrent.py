@@ -1,5 +1,7 @@
-"""RPEHead / MPRHead (Chen et al. 2019): equations, layouts, per-head projections, RNN state and init."""
+"""RPEHead / MPRHead (Chen et al. 2019): Eq. 6 in both recurrences and every cell (SRU included), layouts,
+per-head projections, the decoder's cached state, init."""
 
+import json
 import math
 
 import pytest
@@ -8,9 +10,11 @@ from conftest import source_batch, target_batch, tiny_config, tiny_model
 from safetensors.torch import load_file, save_file
 from transformers.cache_utils import DynamicCache
 
+from benchmarks.harness import MODEL_SIZES
 from hf_posenc import MarianPosEncConfig, MarianPosEncForConditionalGeneration, PosEncCache
 from hf_posenc.base import PositionContext
-from hf_posenc.posenc_recurrent import MPRHeadPositionEncoding, RPEHeadPositionEncoding
+from hf_posenc.pipeline.systems import comparison_tables
+from hf_posenc.posenc_recurrent import CELLS, RECURRENCES, MPRHeadPositionEncoding, RPEHeadPositionEncoding
 
 LAYOUTS = {"rpe_head": RPEHeadPositionEncoding, "mpr_head": MPRHeadPositionEncoding}
 
@@ -30,30 +34,87 @@ def paper_sinusoid(length: int, dim: int) -> torch.Tensor:
     return torch.cat([pe[:, 0::2], pe[:, 1::2]], dim=-1)
 
 
-def tanh_rnn(x: torch.Tensor, w_ih, w_hh, b_ih, b_hh) -> torch.Tensor:
-    """f_RNN of Eq. 6 for the "rnn" cell, one step at a time: h_j = tanh(W x_j + b + U h_{j-1} + c)."""
-    hidden = torch.zeros(w_hh.shape[0], dtype=torch.float64)
-    outputs = []
-    for token in x:
-        hidden = torch.tanh(w_ih @ token + b_ih + w_hh @ hidden + b_hh)
+def sigmoid(x: torch.Tensor) -> torch.Tensor:
+    return 1 / (1 + torch.exp(-x))
+
+
+def reference_step(cell: str, w: dict, x, highway, state, memory):
+    """One step of f_RNN from its textbook equations, one sequence, float64: (output h_j, the state it would
+    recur on, memory). `w` holds one direction's parameters without the direction suffix."""
+    if cell == "rnn":  # Elman: h_j = tanh(W x_j + b + U s + c)
+        hidden = torch.tanh(w["weight_ih"] @ x + w["bias_ih"] + w["weight_hh"] @ state + w["bias_hh"])
+        return hidden, hidden, memory
+    if cell == "gru":  # Cho et al. 2014 in PyTorch's gate order (reset, update, new)
+        (w_r, w_z, w_n), (u_r, u_z, u_n) = w["weight_ih"].chunk(3), w["weight_hh"].chunk(3)
+        (b_r, b_z, b_n), (c_r, c_z, c_n) = w["bias_ih"].chunk(3), w["bias_hh"].chunk(3)
+        reset = sigmoid(w_r @ x + b_r + u_r @ state + c_r)
+        update = sigmoid(w_z @ x + b_z + u_z @ state + c_z)
+        new = torch.tanh(w_n @ x + b_n + reset * (u_n @ state + c_n))
+        hidden = (1 - update) * new + update * state
+        return hidden, hidden, memory
+    if cell == "lstm":  # gate order (input, forget, cell, output)
+        i, f, g, o = (w["weight_ih"] @ x + w["bias_ih"] + w["weight_hh"] @ state + w["bias_hh"]).chunk(4)
+        memory = sigmoid(f) * memory + sigmoid(i) * torch.tanh(g)
+        hidden = sigmoid(o) * torch.tanh(memory)
+        return hidden, hidden, memory
+    # SRU, Lei et al. 2018 Eq. 1-4; its state is c
+    w_c, w_f, w_r = w["weight_ih"].chunk(3)
+    (v_f, v_r), (b_f, b_r) = w["weight_c"].chunk(2), w["bias"].chunk(2)
+    forget = sigmoid(w_f @ x + v_f * state + b_f)  # (1)
+    cell_state = forget * state + (1 - forget) * (w_c @ x)  # (2)
+    reset = sigmoid(w_r @ x + v_r * state + b_r)  # (3)
+    hidden = reset * cell_state + (1 - reset) * highway  # (4)
+    return hidden, cell_state, memory
+
+
+def reference_direction(encoding, x: torch.Tensor, direction: int) -> torch.Tensor:
+    """One direction over x (L, d_r), float64: Eq. 6 step by step. "projected": the cell's state input is r_{j-1}
+    = tanh(W_r h_{j-1} + b_r) with this direction's W_r; "hidden": the cell recurs on its own state and the
+    raw outputs h_j come back (W_r is applied to both directions later)."""
+    params = {name: value.detach().double() for name, value in encoding.named_parameters()}
+    suffix = ("_l0", "_l0_reverse")[direction]
+    w = {  # "rnn.weight_ih_l0" -> "weight_ih"
+        name.removeprefix("rnn.").removesuffix(suffix): value
+        for name, value in params.items()
+        if name.startswith("rnn.") and name.endswith(suffix)
+    }
+    size = encoding.rpe_dim // encoding.directions
+    projection = "rpe_projection_reverse" if direction else "rpe_projection"
+    state, memory, outputs = (
+        torch.zeros(size, dtype=torch.float64),
+        torch.zeros(size, dtype=torch.float64),
+        [],
+    )
+    for x_j in x:
+        highway = x_j[direction * size : (direction + 1) * size]  # the SRU highway: this direction's features
+        hidden, next_state, memory = reference_step(encoding.cell, w, x_j, highway, state, memory)
+        if encoding.projected:  # Eq. 6: r_j = tanh(W_r f_RNN(x_j, r_{j-1}) + b_r)
+            state = hidden = torch.tanh(
+                params[f"{projection}.weight"] @ hidden + params[f"{projection}.bias"]
+            )
+        else:
+            state = next_state
         outputs.append(hidden)
-    return torch.stack(outputs)
+    return torch.stack(outputs)  # (L, d_r / directions)
+
+
+def reference_rpes(encoding, x: torch.Tensor) -> torch.Tensor:
+    """R of Eq. 6 for one unpadded sequence x^r (L, d_r), float64."""
+    states = reference_direction(encoding, x, 0)
+    if encoding.bidirectional:  # the backward direction reads the sentence from its last token
+        states = torch.cat([states, reference_direction(encoding, x.flip(0), 1).flip(0)], dim=-1)
+    if encoding.projected:
+        return states
+    weight, bias = (p.detach().double() for p in encoding.rpe_projection.parameters())
+    return torch.tanh(states @ weight.T + bias)  # W_r, b_r, tanh after the loop
 
 
 def reference_stack_input(encoding, tokens: torch.Tensor) -> torch.Tensor:
-    """Eq. 6-11 for one unpadded sequence (L, D) of scaled embeddings, "rnn" cell, in float64."""
-    weights = {name: value.detach().double() for name, value in encoding.named_parameters()}
+    """Eq. 6-11 for one unpadded sequence (L, D) of scaled embeddings, float64."""
     x = tokens.double()
     d_p = encoding.word_dim
     words = x[:, :d_p] + paper_sinusoid(len(x), d_p)  # P
-    cell = [weights[f"rnn.{k}_l0"] for k in ("weight_ih", "weight_hh", "bias_ih", "bias_hh")]
-    states = tanh_rnn(x[:, d_p:], *cell)
-    if encoding.bidirectional:
-        cell = [weights[f"rnn.{k}_l0_reverse"] for k in ("weight_ih", "weight_hh", "bias_ih", "bias_hh")]
-        states = torch.cat([states, tanh_rnn(x[:, d_p:].flip(0), *cell).flip(0)], dim=-1)
-    rpes = torch.tanh(
-        states @ weights["rpe_projection.weight"].T + weights["rpe_projection.bias"]
-    )  # R, Eq. 6
+    rpes = reference_rpes(encoding, x[:, d_p:])  # R
     if isinstance(encoding, RPEHeadPositionEncoding):
         return torch.cat([words, rpes], dim=-1)  # T, Eq. 7
     heads = encoding.num_heads
@@ -64,10 +125,17 @@ def reference_stack_input(encoding, tokens: torch.Tensor) -> torch.Tensor:
     return torch.cat(pieces, dim=-1)
 
 
+parametrize_cells = pytest.mark.parametrize(
+    ("cell", "recurrence"), [(cell, recurrence) for recurrence in RECURRENCES for cell in CELLS]
+)
+
+
+@parametrize_cells
 @pytest.mark.parametrize("layout", LAYOUTS)
-def test_encoder_input_matches_the_equations_with_right_and_left_padding(layout):
-    """Eq. 6-11 (bidirectional RNN), and padding on either side never reaches a real token's state."""
-    model = tiny_model(position_encoding=layout, rpe_cell="rnn")
+def test_encoder_input_matches_the_equations_with_right_and_left_padding(layout, cell, recurrence):
+    """Eq. 6-11 with each encoder direction stepped by hand, and padding on either side never reaches a real
+    token's state."""
+    model = tiny_model(position_encoding=layout, rpe_cell=cell, rpe_recurrence=recurrence)
     encoding = model.model.encoder.position_encoding
     src, mask = source_batch()
     embeds = model.model.encoder.embed_tokens(src) * model.model.encoder.embed_scale
@@ -83,10 +151,12 @@ def test_encoder_input_matches_the_equations_with_right_and_left_padding(layout)
                 torch.testing.assert_close(stack_input[row, real].double(), expected, atol=1e-5, rtol=1e-5)
 
 
+@parametrize_cells
 @pytest.mark.parametrize("layout", LAYOUTS)
-def test_decoder_input_matches_the_equations_in_full_and_step_by_step(layout):
-    """Forward RNN in the decoder (Eq. 6); one token at a time through PosEncCache gives the same states."""
-    model = tiny_model(position_encoding=layout, rpe_cell="rnn")
+def test_decoder_input_matches_the_equations_in_full_and_step_by_step(layout, cell, recurrence):
+    """Forward recurrence in the decoder (Eq. 6) stepped by hand; one token at a time through PosEncCache (the
+    cache holding r_{j-1}, the LSTM's memory cell beside it) gives the same states."""
+    model = tiny_model(position_encoding=layout, rpe_cell=cell, rpe_recurrence=recurrence)
     encoding = model.model.decoder.position_encoding
     embeds = torch.randn(2, 6, 32)
     positions = torch.arange(6)[None].expand(2, -1)
@@ -105,12 +175,96 @@ def test_decoder_input_matches_the_equations_in_full_and_step_by_step(layout):
             full[row].double(), reference_stack_input(encoding, embeds[row]), atol=1e-5, rtol=1e-5
         )
     torch.testing.assert_close(steps, full, atol=1e-6, rtol=1e-6)
-    assert cache.extra_state[encoding.cache_key].shape == (2, 1, encoding.rpe_dim)
+    assert cache.extra_state[encoding.cache_key].shape == (2, 1 + (cell == "lstm"), encoding.rpe_dim)
 
 
-def test_lstm_state_in_the_cache_keeps_hidden_and_cell_and_follows_beam_reordering():
-    """LSTM (h, c) both live in the cache; reordering the cache is reordering the sequences' states."""
-    model = tiny_model(position_encoding="mpr_head", rpe_cell="lstm")
+@pytest.mark.parametrize("recurrence", RECURRENCES)
+def test_each_encoder_direction_recurs_on_its_own_state_only_under_eq_6(recurrence):
+    """Under "projected" W_r is per direction, so the forward half of r_j depends on x_{<=j} only and the backward
+    half on x_{>=j} only; "hidden" mixes the two directions' states in W_r, so every r_j sees the whole sentence."""
+    encoding = tiny_model(
+        position_encoding="rpe_head", rpe_recurrence=recurrence
+    ).model.encoder.position_encoding
+    embeds = torch.randn(1, 7, 32)
+    changed = embeds.clone()
+    changed[0, 3] += 1.0  # token 3 only
+    positions = torch.arange(7)[None]
+    with torch.no_grad():
+        delta = (
+            encoding.embed(changed, at(positions), None, None)
+            - encoding.embed(embeds, at(positions), None, None)
+        )[0, :, encoding.word_dim :].abs()  # (L, d_r): R only
+    half = encoding.rpe_dim // 2
+    forward_leaks, backward_leaks = bool(delta[:3, :half].max() > 0), bool(delta[4:, half:].max() > 0)
+    assert forward_leaks == backward_leaks == (recurrence == "hidden")
+    assert delta[3:, :half].max() > 0 and delta[:4, half:].max() > 0
+
+
+def test_hidden_recurrence_is_the_computation_of_models_trained_before():
+    """rpe_recurrence="hidden" keeps the parameter names and shapes of checkpoints saved before the option
+    existed, and computes what they did, bit for bit: PyTorch's fused RNN over x^r, then tanh(W_r h + b_r)."""
+    for cell in ("rnn", "gru", "lstm"):
+        model = tiny_model(position_encoding="rpe_head", rpe_cell=cell, rpe_recurrence="hidden")
+        for stack in (model.model.encoder, model.model.decoder):
+            encoding = stack.position_encoding
+            gates = {"rnn": 1, "gru": 3, "lstm": 4}[cell] * encoding.rpe_dim // encoding.directions
+            expected = {"rpe_projection.weight": (16, 16), "rpe_projection.bias": (16,)}  # d_r = 16
+            for suffix in ("_l0", "_l0_reverse")[: encoding.directions]:
+                expected |= {
+                    f"rnn.weight_ih{suffix}": (gates, 16),
+                    f"rnn.weight_hh{suffix}": (gates, 16 // encoding.directions),
+                    f"rnn.bias_ih{suffix}": (gates,),
+                    f"rnn.bias_hh{suffix}": (gates,),
+                }
+            assert {name: tuple(p.shape) for name, p in encoding.named_parameters()} == expected
+            x = torch.randn(2, 5, 32)
+            with torch.no_grad():
+                rpes = encoding.embed(x, at(torch.arange(5)[None]), None, None)[..., encoding.word_dim :]
+                before = torch.tanh(encoding.rpe_projection(encoding.rnn(x[..., encoding.word_dim :])[0]))
+            assert torch.equal(rpes, before)
+
+
+def test_projected_recurrence_is_a_different_function_of_the_same_cell_weights():
+    """The two forms share the decoder's parameters but not their meaning (why old checkpoints need "hidden")."""
+    hidden = tiny_model(
+        decoder_position_encoding="rpe_head", encoder_position_encoding="sinusoidal", rpe_recurrence="hidden"
+    )
+    projected = tiny_model(decoder_position_encoding="rpe_head", encoder_position_encoding="sinusoidal")
+    projected.load_state_dict(hidden.state_dict())
+    src, mask = source_batch()
+    with torch.no_grad():
+        logits = [
+            m(input_ids=src, attention_mask=mask, decoder_input_ids=target_batch()).logits
+            for m in (hidden, projected)
+        ]
+    assert not torch.allclose(*logits, atol=1e-3)
+
+
+def test_a_checkpoint_saved_before_the_option_loads_with_its_meaning_only_when_told(tmp_path):
+    """A config.json without rpe_recurrence (saved before the option) loads as "projected": an RPE encoder's W_r
+    then has another shape and loading fails loudly; rpe_recurrence="hidden" gives back the same model."""
+    model = tiny_model(position_encoding="rpe_head", rpe_recurrence="hidden")
+    model.save_pretrained(tmp_path)
+    config = json.loads((tmp_path / "config.json").read_text())
+    del config["rpe_recurrence"]
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    with pytest.raises(RuntimeError, match="ignore_mismatched_sizes"):
+        MarianPosEncForConditionalGeneration.from_pretrained(tmp_path)
+    loaded = MarianPosEncForConditionalGeneration.from_pretrained(tmp_path, rpe_recurrence="hidden").eval()
+    src, mask = source_batch()
+    with torch.no_grad():
+        logits = [
+            m(input_ids=src, attention_mask=mask, decoder_input_ids=target_batch()).logits
+            for m in (model, loaded)
+        ]
+    assert torch.equal(*logits)
+
+
+@parametrize_cells
+def test_cached_state_follows_beam_reordering(cell, recurrence):
+    """Every cell's cached state (r_{j-1} or h_{j-1}, the SRU's c_{j-1}, the LSTM's memory cell) is reordered with
+    the beams: prefix, reorder, rest == the full forward of the reordered sequences."""
+    model = tiny_model(position_encoding="mpr_head", rpe_cell=cell, rpe_recurrence=recurrence)
     encoding = model.model.decoder.position_encoding
     embeds = torch.randn(3, 5, 32)
     positions = torch.arange(5)[None].expand(3, -1)
@@ -119,7 +273,6 @@ def test_lstm_state_in_the_cache_keeps_hidden_and_cell_and_follows_beam_reorderi
     with torch.no_grad():
         full = encoding.embed(embeds[order], at(positions), None, None)
         encoding.embed(embeds[:, :3], at(positions[:, :3]), None, cache)
-        assert cache.extra_state[encoding.cache_key].shape == (3, 2, encoding.rpe_dim)
         cache.reorder_cache(order)
         rest = encoding.embed(embeds[order, 3:], at(positions[:, 3:]), None, cache)
     torch.testing.assert_close(rest, full[:, 3:], atol=1e-6, rtol=1e-6)
@@ -184,9 +337,10 @@ def test_the_two_layouts_differ_only_by_a_feature_permutation_under_full_project
         assert torch.allclose(queries[0], queries[1], atol=1e-5) == same
 
 
-def test_rnn_weights_missing_from_a_checkpoint_are_initialised_finite(tmp_path):
+@pytest.mark.parametrize("cell", ["gru", "sru"])
+def test_rnn_weights_missing_from_a_checkpoint_are_initialised_finite(tmp_path, cell):
     """from_pretrained runs no PyTorch init: reset_parameters must initialise the RNN (else NaN/garbage)."""
-    model = tiny_model(position_encoding="rpe_head", rpe_cell="gru")
+    model = tiny_model(position_encoding="rpe_head", rpe_cell=cell)
     model.save_pretrained(tmp_path)
     state = load_file(tmp_path / "model.safetensors")
     dropped = [key for key in state if ".rnn." in key]
@@ -219,7 +373,8 @@ def test_default_rpe_dim_is_the_papers_best_scaled_to_d_model(layout, d_model, h
 @pytest.mark.parametrize(
     ("overrides", "message"),
     [
-        ({"rpe_cell": "sru"}, r"rpe_cell='sru'.*rnn, gru, lstm"),
+        ({"rpe_cell": "qrnn"}, r"rpe_cell='qrnn'.*rnn, gru, lstm, sru"),
+        ({"rpe_recurrence": "cell"}, r"rpe_recurrence='cell'.*projected, hidden"),
         ({"rpe_head_projection": "diagonal"}, r"rpe_head_projection='diagonal'.*full, per_head"),
         ({"rpe_dim": 32}, r"rpe_dim=32 must lie strictly between 0 and d_model=32"),
         ({"rpe_dim": 12}, r"rpe_dim=12 must be a multiple of 8"),
@@ -256,3 +411,19 @@ def test_parameter_overhead_over_sinusoidal_in_the_base_model_is_below_the_paper
     sinusoidal = parameters(position_encoding="sinusoidal")
     for layout in LAYOUTS:
         assert 0 < parameters(position_encoding=layout, rpe_cell="rnn") / sinusoidal - 1 < 0.02
+
+
+def test_the_d_r_sweep_rows_are_valid_models_of_the_cpu_comparison():
+    """comparison_rows["rpe_dim"] (paper 3 Fig. 2 at half width): every row builds at d_model 256 with 4 heads of 64,
+    and each layout's sweep brackets its default d_r there (the paper's best, scaled)."""
+    rows = comparison_tables()["rpe_dim"][1:]  # after the sinusoidal baseline
+    small = dict(MODEL_SIZES["small"], max_position_embeddings=256)
+    for layout, encoding in LAYOUTS.items():
+        swept = []
+        for system in rows:
+            if system.name.startswith(layout):
+                config = MarianPosEncConfig(**small, **system.overrides)
+                assert config.encoder_position_encoding == config.decoder_position_encoding == layout
+                swept.append(config.rpe_dim)
+        default = encoding.resolve_rpe_dim(MarianPosEncConfig(**small), "encoder")
+        assert len(swept) >= 3 and min(swept) < default < max(swept) and default in swept
