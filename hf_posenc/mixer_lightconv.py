@@ -30,9 +30,9 @@ class LightConv(PositionMixer):
       sequence (Eq. 2) instead of over the 2K+1 taps; padded and (in the decoder) future keys are left out of
       it. Every far key then weighs exactly what the outermost key of the window on its side weighs. In the
       decoder the far keys are those before n−2K and share tap 0; a query's weights depend on keys 0..n only,
-      so decoding with the cache stays exact. What remains between this and rPosNet is that rPosNet's
-      energies also depend on the query position (Eq. 9, "unshared across query positions") and are computed
-      rather than free parameters (the training scheme).
+      so decoding with the cache stays exact. What then remains between this and rPosNet (Appendix E: "the
+      different training scheme and rPosNet's unshared kernel weights across query positions"): rPosNet's
+      logits also depend on the query position (Eq. 9), and it learns W^Q, ñ and Emb_rel instead of them.
 
     With global context, DropConnect (`lightconv_weight_dropout`) applies to the normalised (q, k) weights, the
     kernel being normalised per query row. Deviation: the reference code normalises the local kernel over the

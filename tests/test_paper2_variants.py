@@ -169,6 +169,28 @@ def test_relative_attention_defaults_and_sites():
         tiny_config(cross_attention="relative_attention")
 
 
+def test_relative_attention_draws_the_similarity_of_its_relative_keys():
+    """What relative attention learned about positions is a^K: one (2K+1) × (2K+1) cosine-similarity map per
+    layer and site, drawn without changing the model."""
+    from hf_posenc.analysis.position_plots import position_panels
+
+    model = tiny_model(
+        encoder_self_attention="relative_attention",
+        decoder_self_attention="relative_attention",
+        relative_attention_max_relative_position=3,
+    )
+    panels = position_panels(model, positions=12)
+    assert [panel.title for panel in panels] == [
+        "enc L0 self: a^K similarity",
+        "enc L1 self: a^K similarity",
+        "dec L0 self: a^K similarity",
+        "dec L1 self: a^K similarity",
+    ]
+    keys = model.model.encoder.layers[0].self_attn.relative_keys.detach()
+    normalised = torch.nn.functional.normalize(keys, dim=-1)
+    torch.testing.assert_close(panels[0].data, normalised @ normalised.T)
+
+
 MIXERS_AT_BOTH_SITES = {
     "relative_attention": dict(
         encoder_self_attention="relative_attention",
