@@ -123,8 +123,7 @@ class LightConv(PositionMixer):
 
     def global_weights(self, tap, attention_mask, context, dtype) -> torch.Tensor:
         """Kernel logits of the clipped taps, softmax over the allowed keys of the sequence, (B|1, H, q, k)."""
-        logits = (
-            self.kernel[:, tap.clamp(0, 2 * self.kernel_radius)].transpose(0, 1).to(dtype)
-        )  # (B|1, H, q, k)
+        clipped = tap.clamp(0, 2 * self.kernel_radius)  # far keys take the outermost tap on their side
+        logits = self.kernel[:, clipped].transpose(0, 1).to(dtype)  # (B|1, H, q, k)
         weights = torch.softmax(additive_mask(attention_mask, logits, context, self.is_causal), dim=-1)
         return nn.functional.dropout(weights, p=self.weight_dropout, training=self.training)

@@ -115,9 +115,8 @@ class RelativeAttention(TokenMixer):
 
     def energies(self, query: torch.Tensor, context: PositionContext) -> torch.Tensor:
         """α̂ (B, H, q, k): each query against the 2K+1 relative keys, then gathered by the pairs' offsets."""
-        relative_keys = self.relative_keys.view(-1, self.num_heads, self.head_dim).to(
-            query.dtype
-        )  # (2K+1, H, Dh)
+        heads = (-1, self.num_heads, self.head_dim)
+        relative_keys = self.relative_keys.to(query.dtype).view(heads)  # (2K+1, H, Dh)
         per_offset = torch.einsum("bhqd,khd->bhqk", query, relative_keys) * self.scaling  # (B, H, q, 2K+1)
         index = self.offset_index(context)[:, None]  # (B|1, 1, q, k)
         index = index.expand(query.shape[0], self.num_heads, -1, -1)  # (B, H, q, k)
