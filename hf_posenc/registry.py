@@ -11,6 +11,7 @@ from .mixer_gated import APosNetAttention, RPosNetAttention
 from .mixer_gaussian import GaussianNet
 from .mixer_lightconv import LightConv
 from .mixer_linear import GLinearNet, LinearNet
+from .mixer_relative import RelativeAttention
 from .posenc_absolute import LearnedPositionEncoding, NoPositionEncoding, SinusoidalPositionEncoding
 from .posenc_fire import FirePositionEncoding
 from .posenc_kerple import KerplePositionEncoding
@@ -43,6 +44,7 @@ POSITION_ENCODINGS = {
 
 TOKEN_MIXERS = {
     "attention": ContentAttention,
+    "relative_attention": RelativeAttention,
     "aposnet": APosNetAttention,
     "rposnet": RPosNetAttention,
     "fourier": FourierNet,
