@@ -19,8 +19,8 @@ TINY_RUN = "--d_model 32 --layers 1 --heads 2 --ffn_dim 64 --vocab_size 300 --tr
 @pytest.mark.parametrize("system", sorted(compare.SYSTEMS))
 def test_every_system_is_a_valid_training_command(system):
     """train.py accepts each run's arguments and builds the system's model."""
-    run = compare.Run("multi30k-en-de-tiny", "en-de", system, 1)
-    args = compare.parse_args(["--recipe", "multi30k-en-de-tiny"])
+    run = compare.Run(compare.DEFAULT_RECIPE, "en-de", system, 1)
+    args = compare.parse_args([])
     args.run_precision = "fp32"
     train_args = train.parse_args([*compare.train_arguments(run, args), "--output_dir", "unused"])
     config = train.model_config(train_args, 100, 0, 1)
