@@ -356,9 +356,7 @@ class MarianPosEncDecoder(MarianPosEncStack):
         if (input_ids is None) == (inputs_embeds is None):
             raise ValueError("Pass exactly one of decoder_input_ids or decoder_inputs_embeds to the decoder.")
         if inputs_embeds is None:
-            if (
-                past_key_values is None or past_key_values.get_seq_length() == 0
-            ):  # later steps hold generated ids
+            if not use_cache:  # cached decoding feeds the model's own tokens; a check would sync every step
                 check_token_ids(input_ids, self.embed_tokens.num_embeddings, "decoder_input_ids")
             inputs_embeds = self.embed_tokens(input_ids)
         inputs_embeds = inputs_embeds * self.embed_scale  # (B, q, D)

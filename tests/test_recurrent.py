@@ -415,7 +415,8 @@ def test_parameter_overhead_over_sinusoidal_in_the_base_model_is_below_the_paper
 
 def test_the_d_r_sweep_rows_are_valid_models_of_the_cpu_comparison():
     """comparison_rows["rpe_dim"] (paper 3 Fig. 2 at half width): every row builds at d_model 256 with 4 heads of 64,
-    and each layout's sweep brackets its default d_r there (the paper's best, scaled)."""
+    and each layout's sweep brackets its default d_r there (the paper's best, scaled; that row is the main
+    system)."""
     rows = comparison_tables()["rpe_dim"][1:]  # after the sinusoidal baseline
     small = dict(MODEL_SIZES["small"], max_position_embeddings=256)
     for layout, encoding in LAYOUTS.items():
@@ -424,6 +425,6 @@ def test_the_d_r_sweep_rows_are_valid_models_of_the_cpu_comparison():
             if system.name.startswith(layout):
                 config = MarianPosEncConfig(**small, **system.overrides)
                 assert config.encoder_position_encoding == config.decoder_position_encoding == layout
-                swept.append(config.rpe_dim)
+                swept.append(encoding.resolve_rpe_dim(config, "encoder"))
         default = encoding.resolve_rpe_dim(MarianPosEncConfig(**small), "encoder")
         assert len(swept) >= 3 and min(swept) < default < max(swept) and default in swept

@@ -14,6 +14,7 @@ from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 
 import hf_posenc  # noqa: F401  (registers the Auto classes)
 from hf_posenc.pipeline.averaging import average_into, select_checkpoints
+from hf_posenc.pipeline.cli import run_cli
 
 
 def average_into_folder(checkpoints_dir, output_dir, last=None, best=None):
@@ -40,4 +41,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    main()
+    run_cli(main)

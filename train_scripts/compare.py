@@ -52,6 +52,7 @@ from hf_posenc.analysis.length_generalisation import (
 )
 from hf_posenc.analysis.position_plots import plot_learned_positions
 from hf_posenc.analysis.word_order_probe import word_order_probe
+from hf_posenc.pipeline.cli import run_cli
 from hf_posenc.pipeline.data import read_lines, read_split
 from hf_posenc.pipeline.evaluation import ngram_sweep, paired_bootstrap, plot_ngram_sweep
 from hf_posenc.pipeline.hardware import choose_precision, describe_hardware
@@ -612,4 +613,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    main()
+    run_cli(main)

@@ -21,6 +21,7 @@ import torch
 from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 
 import hf_posenc  # noqa: F401  (registers the Auto classes)
+from hf_posenc.pipeline.cli import run_cli
 from hf_posenc.pipeline.data import read_lines, read_parallel
 from hf_posenc.pipeline.evaluation import (
     ngram_sweep,
@@ -116,4 +117,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    main()
+    run_cli(main)

@@ -48,6 +48,7 @@ from hf_posenc.modeling_marian_posenc import MAX_NEW_TOKENS_OVER_SOURCE, PAPER_1
 from hf_posenc.pipeline.augmentation import concatenate_consecutive
 from hf_posenc.pipeline.averaging import average_into, select_checkpoints
 from hf_posenc.pipeline.batching import TokenBudgetBatchSampler
+from hf_posenc.pipeline.cli import run_cli
 from hf_posenc.pipeline.data import ParallelText, read_hf_translation, read_parallel, read_split
 from hf_posenc.pipeline.evaluation import degenerate_output, score_translations, translate
 from hf_posenc.pipeline.hardware import (
@@ -335,6 +336,9 @@ def prepare_data(args: Arguments) -> PreparedData:
     logger.info("data: %d training pairs from %s, %d test pairs from %s", len(train_text), train_text.name,
                 len(test), test.name)  # fmt: skip
     tokenizer = train_joint_bpe(train_text.source + train_text.target, vocab_size=data.vocab_size)
+    if len(tokenizer) > data.vocab_size:  # BPE keeps every character of the text whatever the size asked for
+        raise ValueError(f"--vocab_size={data.vocab_size} is smaller than the {len(tokenizer)} characters and special "
+                         f"tokens of the training text; ask for more (the recipes use 6000-40000)")  # fmt: skip
     if data.concat_probability:
         train_text = concatenate_consecutive(train_text, data.concat_probability, seed=args.training.seed)
         logger.info(
@@ -685,4 +689,4 @@ def main(argv=None) -> dict | None:
 
 
 if __name__ == "__main__":
-    main()
+    run_cli(main)

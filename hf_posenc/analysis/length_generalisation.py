@@ -42,6 +42,7 @@ from sacrebleu.metrics import BLEU
 from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 
 from ..base import PositionLimitError
+from ..pipeline.cli import run_cli
 from ..pipeline.data import read_parallel
 from ..pipeline.evaluation import score_translations, translate
 
@@ -406,4 +407,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    main()
+    run_cli(main)

@@ -31,6 +31,8 @@ from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 
 from hf_posenc.pipeline.hardware import choose_precision
 
+from ..pipeline.cli import run_cli
+
 PERMUTATION_KINDS = ("shuffle", "local_swap")
 logger = logging.getLogger(__name__)
 
@@ -196,4 +198,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    main()
+    run_cli(main)
