@@ -41,7 +41,7 @@ from pathlib import Path
 import torch
 import transformers
 from train import load_recipe, recipe_names
-from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
+from transformers import AutoModelForSeq2SeqLM
 
 import hf_posenc  # noqa: F401  (registers the Auto classes)
 from hf_posenc.analysis.length_generalisation import (
@@ -54,7 +54,12 @@ from hf_posenc.analysis.position_plots import plot_learned_positions
 from hf_posenc.analysis.word_order_probe import word_order_probe
 from hf_posenc.pipeline.cli import run_cli
 from hf_posenc.pipeline.data import read_lines, read_split
-from hf_posenc.pipeline.evaluation import ngram_sweep, paired_bootstrap, plot_ngram_sweep
+from hf_posenc.pipeline.evaluation import (
+    load_translation_model,
+    ngram_sweep,
+    paired_bootstrap,
+    plot_ngram_sweep,
+)
 from hf_posenc.pipeline.hardware import choose_precision, describe_hardware
 from hf_posenc.pipeline.systems import BASELINE, TABLE_TITLES, System, comparison_tables
 
@@ -234,7 +239,7 @@ def measure(run: Run, models: Path, results: Path, args) -> None:
     settings.json last (it marks the run finished)."""
     test = test_set(run.pair, args.test_limit)
     bf16 = args.run_precision == "bf16"
-    model, tokenizer = AutoModelForSeq2SeqLM.from_pretrained(models), AutoTokenizer.from_pretrained(models)
+    model, tokenizer = load_translation_model(models)
     probes = word_order_probe(model, tokenizer, test.source[: args.probe_sentences], num_permutations=2,
                               num_beams=1, max_new_tokens=64, bf16=bf16)  # fmt: skip
     length = length_generalisation_for_model_dir(models, test.source, test.target, args.length_k, bf16=bf16)

@@ -18,12 +18,12 @@ import json
 from pathlib import Path
 
 import torch
-from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 
 import hf_posenc  # noqa: F401  (registers the Auto classes)
 from hf_posenc.pipeline.cli import run_cli
 from hf_posenc.pipeline.data import read_lines, read_parallel
 from hf_posenc.pipeline.evaluation import (
+    load_translation_model,
     ngram_sweep,
     paired_bootstrap,
     plot_ngram_sweep,
@@ -54,6 +54,8 @@ def main(argv=None):
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--output", default=None, help="JSON path (default <model>/evaluation.json)")
     args = parser.parse_args(argv)
+    if args.bootstrap_samples < 1:
+        parser.error(f"--bootstrap_samples={args.bootstrap_samples} must be at least 1")
     if args.ngram_sweep and not args.baseline_hypotheses:
         parser.error("--ngram_sweep compares two systems: give --baseline_hypotheses")
     if args.threads:
@@ -65,8 +67,7 @@ def main(argv=None):
     if args.hypotheses:
         hypotheses = read_lines(args.hypotheses)
     else:
-        model = AutoModelForSeq2SeqLM.from_pretrained(model_dir)
-        tokenizer = AutoTokenizer.from_pretrained(model_dir)
+        model, tokenizer = load_translation_model(model_dir)
         overrides = {
             k: v
             for k, v in (("num_beams", args.num_beams), ("length_penalty", args.length_penalty))

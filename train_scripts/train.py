@@ -214,11 +214,17 @@ def parse_args(argv=None) -> Arguments:
     if unknown:
         parser.error(f"recipe {recipe_name} has unknown keys {unknown}; allowed: {', '.join(sorted(known))}")
     recipe_overrides = recipe.pop("config_overrides")
-    parser.set_defaults(**recipe)
-    run, data, model, training = parser.parse_args_into_dataclasses(argv, look_for_args_file=False)
-    args = Arguments(run, data, model, training)
     given = set(recipe) | given_flags(argv)
-    check_arguments(parser, args, given, recipe_overrides)
+    if given & set(PRECISION_FIELDS):
+        flags = " ".join(f"--{name}" for name in sorted(given & set(PRECISION_FIELDS)))
+        parser.error(f"set the precision with --precision (auto, bf16, fp16, fp32), not {flags}")
+    parser.set_defaults(**recipe)
+    try:
+        run, data, model, training = parser.parse_args_into_dataclasses(argv, look_for_args_file=False)
+    except ValueError as error:  # the Trainer's own checks of its fields
+        parser.error(str(error))
+    args = Arguments(run, data, model, training)
+    check_arguments(parser, args, recipe_overrides)
     return args
 
 
@@ -226,14 +232,10 @@ def given_flags(argv) -> set[str]:
     return {arg[2:].split("=")[0] for arg in (sys.argv[1:] if argv is None else argv) if arg.startswith("--")}
 
 
-def check_arguments(parser, args: Arguments, given: set[str], recipe_overrides: dict) -> None:
+def check_arguments(parser, args: Arguments, recipe_overrides: dict) -> None:
     """Errors for settings whose value alone shows they are wrong, before any data is read; merges the recipe's
     config_overrides under those of the command line."""
     run, data, model, training = args.run, args.data, args.model, args.training
-    if given & set(PRECISION_FIELDS):
-        parser.error(
-            f"set the precision with --precision (auto, bf16, fp16, fp32), not --{' --'.join(given & set(PRECISION_FIELDS))}"
-        )
     if training.push_to_hub and not training.hub_model_id:
         parser.error("--push_to_hub needs --hub_model_id")
     if run.average_last and run.average_best:
@@ -477,6 +479,11 @@ def train(args: Arguments, model, data: PreparedData, precision) -> tuple[Transl
     # checkpoints go beside the run folder; `export` uploads the finished folder, not the Trainer
     training = dataclasses.replace(args.training, output_dir=str(args.checkpoints_dir), push_to_hub=False)
     training.bf16, training.fp16 = precision.precision == "bf16", precision.precision == "fp16"
+    budget = [f"{args.run.minutes} minutes"] if args.run.minutes else []
+    budget.append(
+        f"{training.max_steps} updates" if training.max_steps > 0 else f"{training.num_train_epochs} epochs"
+    )
+    logger.info("training budget: %s, whichever ends first", " or ".join(budget))
     # the stock baseline trains on the Trainer's own batches of per_device_train_batch_size sentences
     max_tokens = args.data.max_tokens if args.model.architecture == "marian_posenc" else None
     if max_tokens:
@@ -486,7 +493,7 @@ def train(args: Arguments, model, data: PreparedData, precision) -> tuple[Transl
             len(sampler),
             100 * sampler.padding_ratio(),
         )
-    budget = [TimeBudgetCallback(args.run.minutes)] if args.run.minutes else []
+    time_budget = [TimeBudgetCallback(args.run.minutes)] if args.run.minutes else []
     trainer = TranslationTrainer(
         model=model,
         args=training,
@@ -494,7 +501,7 @@ def train(args: Arguments, model, data: PreparedData, precision) -> tuple[Transl
         eval_dataset=data.valid,
         data_collator=DataCollatorForSeq2Seq(data.tokenizer, model=model, label_pad_token_id=-100),
         processing_class=data.tokenizer,
-        callbacks=budget,
+        callbacks=time_budget,
         compute_metrics=translation_metrics(data.tokenizer) if args.run.eval_bleu else None,
         max_tokens=max_tokens,
     )

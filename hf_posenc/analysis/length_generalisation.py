@@ -39,12 +39,11 @@ from pathlib import Path
 
 import torch
 from sacrebleu.metrics import BLEU
-from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 
 from ..base import PositionLimitError
 from ..pipeline.cli import run_cli
 from ..pipeline.data import read_parallel
-from ..pipeline.evaluation import score_translations, translate
+from ..pipeline.evaluation import load_translation_model, score_translations, translate
 
 DEFAULT_K = (1, 2, 4, 8)
 DEFAULT_BUCKET_EDGES = (10, 20, 30, 40)
@@ -264,8 +263,7 @@ def length_generalisation_for_model_dir(
         cached = json.loads(cache.read_text())
         if cached.get("settings") == settings:
             return cached
-    model = AutoModelForSeq2SeqLM.from_pretrained(model_dir)
-    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    model, tokenizer = load_translation_model(model_dir)
     if torch.cuda.is_available():
         model = model.cuda()
     result = length_generalisation(
@@ -387,8 +385,7 @@ def main(argv=None):
     args = parser.parse_args(argv)
 
     text = read_parallel(args.source, args.reference, limit=args.max_sentences)
-    model = AutoModelForSeq2SeqLM.from_pretrained(args.model, trust_remote_code=args.trust_remote_code)
-    tokenizer = AutoTokenizer.from_pretrained(args.model, trust_remote_code=args.trust_remote_code)
+    model, tokenizer = load_translation_model(args.model, trust_remote_code=args.trust_remote_code)
     result = length_generalisation(
         model,
         tokenizer,

@@ -27,11 +27,10 @@ from pathlib import Path
 
 import sacrebleu
 import torch
-from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
-
-from hf_posenc.pipeline.hardware import choose_precision
 
 from ..pipeline.cli import run_cli
+from ..pipeline.evaluation import load_translation_model
+from ..pipeline.hardware import choose_precision
 
 PERMUTATION_KINDS = ("shuffle", "local_swap")
 logger = logging.getLogger(__name__)
@@ -171,8 +170,7 @@ def main(argv=None):
     parser.add_argument("--trust_remote_code", action="store_true")
     args = parser.parse_args(argv)
 
-    model = AutoModelForSeq2SeqLM.from_pretrained(args.model, trust_remote_code=args.trust_remote_code)
-    tokenizer = AutoTokenizer.from_pretrained(args.model, trust_remote_code=args.trust_remote_code)
+    model, tokenizer = load_translation_model(args.model, trust_remote_code=args.trust_remote_code)
     if args.source is not None:
         sentences = [line.strip() for line in args.source.read_text().splitlines() if line.strip()]
     else:

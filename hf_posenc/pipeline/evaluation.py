@@ -7,6 +7,7 @@ baseline system, marked at p < 0.05 and p < 0.10.
 """
 
 import time
+from pathlib import Path
 
 import torch
 from sacrebleu.metrics import BLEU, CHRF
@@ -142,8 +143,11 @@ def paired_bootstrap(
     """sacreBLEU's paired bootstrap resampling of `system` against `baseline` for BLEU and chrF++.
 
     Returns, per metric, both scores, the bootstrap mean and 95% interval of the system, the p-value and the
-    paper-1 marks: "**" for p < 0.05, "*" for p < 0.10, "" otherwise.
+    paper-1 marks: "**" for p < 0.05, "*" for p < 0.10, "" otherwise. (sacreBLEU would take 0 samples as its
+    default of 1000: it is an error here.)
     """
+    if samples < 1:
+        raise ValueError(f"bootstrap samples={samples} must be at least 1 (paper 1 uses 1000)")
     check_aligned(baseline, references, "baseline")
     check_aligned(system, references, "system")
     metrics = {"bleu": BLEU(), "chrf++": CHRF(word_order=2)}
@@ -214,3 +218,20 @@ def plot_ngram_sweep(sweep: dict, path, title: str = "system − baseline") -> N
     figure.tight_layout()
     figure.savefig(path, dpi=110)
     plt.close(figure)
+
+
+def load_translation_model(folder, trust_remote_code: bool = False):
+    """(model, tokenizer) of a saved model folder, with errors that name what is missing."""
+    from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
+
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise FileNotFoundError(f"model folder {folder} does not exist")
+    if not (folder / "config.json").is_file():
+        raise ValueError(f"{folder} has no config.json: it is not a saved model")
+    if not any((folder / name).is_file() for name in ("tokenizer.json", "tokenizer_config.json")):
+        raise ValueError(
+            f"{folder} has no tokenizer (tokenizer.json); save the tokenizer beside the model, as train.py does"
+        )
+    model = AutoModelForSeq2SeqLM.from_pretrained(folder, trust_remote_code=trust_remote_code)
+    return model, AutoTokenizer.from_pretrained(folder, trust_remote_code=trust_remote_code)

@@ -1,0 +1,216 @@
+"""Bad input gets a clear error naming the bad value, file or flag — before any data is read where the value
+alone shows it is wrong — never a deep traceback, a silent wrong result or the loss of a finished run.
+Each case: what is given, the error expected, and words its message must contain."""
+
+import gzip
+import json
+import sys
+
+import pytest
+import torch
+from conftest import DATA_DIR, REPO, source_batch, tiny_model
+
+from hf_posenc import MarianPosEncConfig
+from hf_posenc.pipeline.averaging import average_state_dicts, select_checkpoints
+from hf_posenc.pipeline.data import read_lines
+from hf_posenc.pipeline.evaluation import load_translation_model, paired_bootstrap
+from hf_posenc.pipeline.training import TimeBudgetCallback
+
+sys.path.insert(0, str(REPO / "train_scripts"))
+import train  # noqa: E402
+
+# train.py flags whose value alone is wrong: refused by the parser (exit 2) with these words.
+BAD_FLAGS = [
+    (["--config_overrides", '{"posnet_dimm": 3}'], ["posnet_dimm", "did you mean 'posnet_dim'"]),
+    (["--config_overrides", "{posnet_dim: 3}"], ["--config_overrides is not valid JSON"]),
+    (["--config_overrides", "[1, 2]"], ["--config_overrides must be a JSON object"]),
+    (["--layers", "0"], ["--layers=0 must be at least 1"]),
+    (["--ffn_dim", "0"], ["--ffn_dim=0 must be at least 1"]),
+    (["--d_model", "-8"], ["--d_model=-8 must be at least 1"]),
+    (["--vocab_size", "0"], ["--vocab_size=0 must be at least 1"]),
+    (["--heads", "3"], ["d_model=256 must be divisible by encoder_attention_heads=3"]),
+    (["--train_limit", "-5"], ["--train_limit=-5 must be at least 1"]),
+    (["--train_limit", "0"], ["--train_limit=0 must be at least 1"]),
+    (["--test_limit", "0"], ["--test_limit=0 must be at least 1"]),
+    (["--minutes", "-1"], ["--minutes=-1.0 must be at least 0"]),
+    (["--max_steps", "0"], ["--max_steps=0 must be positive"]),
+    (["--max_steps", "-3"], ["--max_steps=-3 must be positive"]),
+    (["--save_strategy", "steps", "--save_steps", "-1"], ["--save_steps=-1"]),
+    (["--eval_strategy", "steps", "--eval_steps", "-1"], ["--eval_steps=-1"]),
+    (["--gradient_accumulation_steps", "0"], ["--gradient_accumulation_steps=0 must be at least 1"]),
+    (["--bf16"], ["--precision"]),
+    (["--position_encoding", "rotary"], ["'rotary' is not known", "allowed values"]),
+    (
+        ["--encoder_self_attention", "fourier", "--decoder_self_attention", "fourier"],
+        ["cannot be used there"],
+    ),
+    (["--average_last", "5"], ["checkpoint averaging needs checkpoints"]),
+    (["--concat_probability", "1.5"], ["--concat_probability=1.5 must be in [0, 1]"]),
+    (["--recipe", "wmt15"], ["unknown recipe 'wmt15'; available:"]),
+]
+
+
+@pytest.mark.parametrize("flags, words", BAD_FLAGS, ids=[" ".join(f) for f, _ in BAD_FLAGS])
+def test_bad_train_flags_are_refused_by_the_parser_naming_the_flag(flags, words, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        train.parse_args(["--recipe", "multi30k-en-de-small", *flags])
+    assert exit_info.value.code == 2
+    message = capsys.readouterr().err
+    for word in words:
+        assert word in message, message
+
+
+@pytest.mark.parametrize(
+    "recipe, words",
+    [("d_model: [1\n", ["is not valid YAML"]), ("- 128\n- 256\n", ["must be a mapping of settings, got a list"]),
+     ("d_model: 64\nlearnig_rate: 0.1\n", ["unknown keys ['learnig_rate']"]),
+     ("extends: bad\n", ["extends itself"])],
+    ids=["invalid-yaml", "a-list", "unknown-key", "extends-itself"],
+)  # fmt: skip
+def test_bad_recipes_name_the_recipe_file(recipe, words, tmp_path, monkeypatch, capsys):
+    (tmp_path / "bad.yaml").write_text(recipe)
+    monkeypatch.setattr(train, "RECIPES", tmp_path)
+    with pytest.raises(SystemExit):
+        train.parse_args(["--recipe", "bad"])
+    message = capsys.readouterr().err
+    for word in words:
+        assert word in message, message
+
+
+@pytest.mark.parametrize(
+    "fields, words",
+    [({"posnet_dimm": 3}, ["unknown MarianPosEncConfig fields: 'posnet_dimm' (did you mean 'posnet_dim'?)"]),
+     ({"encoder_layers": 0}, ["encoder_layers=0 must be a positive integer"]),
+     ({"decoder_ffn_dim": 0}, ["decoder_ffn_dim=0 must be a positive integer"]),
+     ({"d_model": -4}, ["d_model=-4 must be a positive integer"]),
+     ({"vocab_size": -1}, ["vocab_size=-1 must be a positive integer"]),
+     ({"dropout": 1.5}, ["dropout=1.5 must be in [0, 1)"]),
+     ({"posnet_dim": 0}, ["posnet_dim=0 must be >= 1"]),
+     ({"rpe_cell": "transformer"}, ["rpe_cell='transformer' is not known; allowed values: rnn"]),
+     ({"shape_max_shift": -1}, ["shape_max_shift=-1 must be >= 0"])],
+    ids=lambda value: next(iter(value)) if isinstance(value, dict) else "",
+)  # fmt: skip
+def test_bad_config_values_fail_when_the_config_is_built(fields, words):
+    with pytest.raises(ValueError) as error:
+        MarianPosEncConfig(**fields)
+    for word in words:
+        assert word in str(error.value)
+
+
+def test_data_files_with_bad_bytes_or_damaged_gzip_name_the_file(tmp_path):
+    (tmp_path / "bad.txt").write_bytes(b"fine\n\xff not utf-8\n")
+    with pytest.raises(ValueError, match=r"bad\.txt, line 2: byte b'\\xff' at column 1 is not UTF-8"):
+        read_lines(tmp_path / "bad.txt")
+    (tmp_path / "cut.gz").write_bytes(gzip.compress(b"a line\n" * 1000)[:40])
+    with pytest.raises(ValueError, match=r"cut\.gz is not a readable gzip file"):
+        read_lines(tmp_path / "cut.gz")
+
+
+def test_bad_model_inputs_are_named():
+    model = tiny_model()
+    source, mask = source_batch()
+    start = torch.zeros(3, 1, dtype=torch.long)
+    cases = [
+        (dict(input_ids=torch.zeros(0, 5, dtype=torch.long), decoder_input_ids=start), "hold no token"),
+        (dict(input_ids=torch.zeros(2, 0, dtype=torch.long), decoder_input_ids=start), "hold no token"),
+        (dict(input_ids=torch.full((1, 3), 99), decoder_input_ids=start[:1]), "token id 99, outside the vocabulary 0..59"),
+        (dict(input_ids=torch.full((1, 3), -1), decoder_input_ids=start[:1]), "token id -1, outside the vocabulary"),
+        (dict(input_ids=source, attention_mask=mask[:, :5], decoder_input_ids=start), "attention_mask has shape (3, 5)"),
+        (dict(input_ids=source, labels=torch.full((3, 4), -100)), "labels are all -100"),
+        (dict(input_ids=source, labels=torch.full((3, 4), 70)), "labels hold token id 70"),
+    ]  # fmt: skip
+    for inputs, words in cases:
+        with pytest.raises(
+            ValueError, match=words.replace("(", r"\(").replace(")", r"\)").replace(".", r"\.")
+        ):
+            model(**inputs)
+    with pytest.raises(ValueError, match="num_beams=0 must be at least 1"):
+        model.generate(source, attention_mask=mask, num_beams=0)
+
+
+def test_unreadable_weights_and_folders_without_tokenizer_name_the_folder(tmp_path):
+    model = tiny_model()
+    model.save_pretrained(tmp_path / "model")
+    with pytest.raises(ValueError, match="has no tokenizer"):
+        load_translation_model(tmp_path / "model")
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        load_translation_model(tmp_path / "nothing")
+    weights = tmp_path / "model" / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:100])
+    with pytest.raises(ValueError, match=r"the weights in .*model cannot be read \(truncated or damaged\?\)"):
+        type(model).from_pretrained(tmp_path / "model")
+
+
+def save_checkpoint(folder, step, **overrides):
+    tiny_model(**overrides).save_pretrained(folder / f"checkpoint-{step}")
+
+
+def test_averaging_refuses_checkpoints_of_different_models_and_zero_checkpoints(tmp_path):
+    save_checkpoint(tmp_path / "a", 1, position_encoding="sinusoidal")
+    save_checkpoint(tmp_path / "a", 2, position_encoding="alibi")  # the same tensor names
+    with pytest.raises(ValueError, match="checkpoint-2 is another model than .*checkpoint-1: config fields"):
+        average_state_dicts(select_checkpoints(tmp_path / "a", last=2))
+    save_checkpoint(tmp_path / "b", 1, vocab_size=60)
+    save_checkpoint(tmp_path / "b", 2, vocab_size=70)
+    with pytest.raises(ValueError, match="vocab_size"):
+        average_state_dicts(select_checkpoints(tmp_path / "b", last=2))
+    with pytest.raises(ValueError, match="at least 1, got 0"):
+        select_checkpoints(tmp_path / "a", last=0)
+
+
+def test_zero_bootstrap_samples_are_an_error_not_sacrebleus_default():
+    with pytest.raises(ValueError, match="bootstrap samples=0 must be at least 1"):
+        paired_bootstrap(["a"], ["a"], ["a"], samples=0)
+
+
+# ---- no lost runs
+
+
+def tiny_run_flags(tmp_path):
+    return ["--recipe", "multi30k-en-de-tiny", "--data_dir", str(DATA_DIR), "--train_limit", "300", "--test_limit",
+            "4", "--d_model", "32", "--layers", "1", "--heads", "2", "--ffn_dim", "32", "--vocab_size", "400",
+            "--minutes", "0", "--precision", "fp32", "--threads", "1", "--examples", "0", "--fail_on_degenerate",
+            "false", "--output_dir", str(tmp_path / "run")]  # fmt: skip
+
+
+@pytest.mark.skipif(not DATA_DIR.is_dir(), reason="shared data folder absent")
+def test_a_finished_run_is_not_overwritten_without_asking(tmp_path):
+    flags = tiny_run_flags(tmp_path)
+    first = train.main([*flags, "--max_steps", "2"])
+    with pytest.raises(SystemExit, match="already hold a run; resume it with --resume_from_checkpoint last"):
+        train.main([*flags, "--max_steps", "3"])
+    assert json.loads((tmp_path / "run" / "scores.json").read_text())["steps"] == first["steps"] == 2
+    assert train.main([*flags, "--max_steps", "3", "--overwrite_output_dir"])["steps"] == 3
+    assert not (tmp_path / "run.partial").exists()  # the folder is written beside and renamed into place
+
+
+@pytest.mark.skipif(not DATA_DIR.is_dir(), reason="shared data folder absent")
+def test_resuming_last_skips_a_half_written_checkpoint(tmp_path, caplog):
+    flags = tiny_run_flags(tmp_path)
+    train.main([*flags, "--max_steps", "2", "--save_strategy", "steps", "--save_steps", "1"])
+    checkpoints = tmp_path / "run-checkpoints"
+    (checkpoints / "checkpoint-2" / "trainer_state.json").unlink()  # cut off while being written
+    args = train.parse_args([*flags, "--max_steps", "4", "--resume_from_checkpoint", "last"])
+    assert train.resume_checkpoint(args) == str(checkpoints / "checkpoint-1")
+    assert "checkpoint-2 is incomplete (no trainer_state.json): resuming from" in caplog.text
+
+
+def test_a_resumed_time_budget_counts_the_time_already_spent():
+    """The time spent is saved with each checkpoint (TrainerState.stateful_callbacks) and read back on resume."""
+
+    class State:
+        stateful_callbacks = {
+            "TimeBudgetCallback": {"args": {"minutes": 1.0}, "attributes": {"spent_seconds": 50.0}}
+        }
+
+    budget = TimeBudgetCallback(minutes=1.0)
+    budget.on_train_begin(None, State(), None)
+    assert budget.spent_seconds == 50.0 and budget.state()["attributes"]["spent_seconds"] == 50.0
+
+    class Control:
+        should_training_stop = False
+
+    control = Control()
+    budget.start -= 11  # eleven more seconds of training pass
+    budget.on_step_end(None, State(), control)
+    assert control.should_training_stop
