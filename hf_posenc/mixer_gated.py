@@ -11,9 +11,8 @@ Because α̂ depends on positions only, `model.precompute_position_attention()` 
 (aPosNet: H×N×N, rPosNet: H×N×(2K+1) indexed by the clipped offset) and drops W^Q, W^K and the position
 vectors (paper 2 §4.1-4.2, "Theoretical Complexity").
 
-`PositionMixer` is the base of every mixer whose weights ignore the token contents (also the five mixers of
-mixer_position_only.py): values are projected (and gated-normalised) once, cached like content attention's values,
-mixed with weights (B|1, H|1, q, k) computed from `PositionContext` positions, then gated and projected.
+`PositionMixer` (mixer_base.py) is the base of every mixer whose weights ignore the token contents, these two
+and the position-only mixers of mixer_fourier.py, mixer_gaussian.py, mixer_linear.py and mixer_lightconv.py.
 
 ñ is shared across layers (paper 2 §4.1): the unfolded rPosNet layers of one stack read one learned table,
 held by the stack's first rPosNet layer (`share_within_stack`); decoder self- and cross-attention share the

@@ -301,3 +301,15 @@ def test_shipped_accelerate_configs_load_and_name_real_layer_classes(path):
         for name in fsdp["fsdp_transformer_layer_cls_to_wrap"].split(","):
             assert hasattr(modeling, name), name
         assert not fsdp.get("fsdp_cpu_ram_efficient_loading") or fsdp.get("fsdp_sync_module_states")
+
+
+def test_train_short_keeps_only_short_pairs_and_concatenation_joins_them_afterwards(multi30k_dir):
+    """--max_train_length (train short, test long) filters the training pairs; concatenation augmentation joins
+    the kept pairs, so joined examples may be longer than the filter, which is their point."""
+    flags = ["--recipe", "multi30k-en-de-tiny", "--data_dir", str(multi30k_dir), "--train_limit", "400",
+             "--test_limit", "3", "--vocab_size", "600", "--max_train_length", "14", "--output_dir", "unused"]  # fmt: skip
+    short = train.prepare_data(train.parse_args(flags))
+    assert max(short.train["length"]) <= 14 and 0 < len(short.train) < 400
+    assert len(short.test) == 3  # the test set is not filtered
+    joined = train.prepare_data(train.parse_args([*flags, "--concat_probability", "1.0"]))
+    assert len(joined.train) < len(short.train) and max(joined.train["length"]) > 14

@@ -36,12 +36,17 @@ RECIPE_COLUMNS = {
 }  # fmt: skip
 
 
+def cell(value) -> str:
+    """Text for a markdown table cell: a literal | would end the cell."""
+    return str(value).replace("|", "\\|")
+
+
 def recipe_table() -> str:
     rows = ["| recipe | " + " | ".join(RECIPE_COLUMNS) + " |", "|" + " --- |" * (len(RECIPE_COLUMNS) + 1)]
     for name in recipe_names():
         recipe = load_recipe(name)
         rows.append(
-            f"| `{name}` | " + " | ".join(str(cell(recipe)) for cell in RECIPE_COLUMNS.values()) + " |"
+            f"| `{name}` | " + " | ".join(cell(column(recipe)) for column in RECIPE_COLUMNS.values()) + " |"
         )
     return "\n".join(rows)
 
@@ -57,7 +62,8 @@ def hyperparameter_table() -> str:
             kind = getattr(hyperparameter.type, "__name__", str(hyperparameter.type))
             choices = f" ({', '.join(map(str, hyperparameter.choices))})" if hyperparameter.choices else ""
             rows.append(
-                f"| `{name}` | `{field}` | {kind} | `{hyperparameter.default!r}` | {hyperparameter.doc}{choices} |"
+                f"| `{name}` | `{field}` | {cell(kind)} | `{hyperparameter.default!r}` | "
+                f"{cell(hyperparameter.doc + choices)} |"
             )
     return "\n".join(rows)
 

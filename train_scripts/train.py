@@ -341,7 +341,9 @@ def prepare_data(args: Arguments) -> PreparedData:
     if len(tokenizer) > data.vocab_size:  # BPE keeps every character of the text whatever the size asked for
         raise ValueError(f"--vocab_size={data.vocab_size} is smaller than the {len(tokenizer)} characters and special "
                          f"tokens of the training text; ask for more (the recipes use 6000-40000)")  # fmt: skip
-    if data.concat_probability:
+    if data.max_train_length:
+        train_text = shorter_pairs(tokenizer, train_text, data.max_train_length)
+    if data.concat_probability:  # after the length filter: joined examples may exceed it, that is their point
         train_text = concatenate_consecutive(train_text, data.concat_probability, seed=args.training.seed)
         logger.info(
             "concatenation augmentation (p=%s): %d training examples",
@@ -349,20 +351,27 @@ def prepare_data(args: Arguments) -> PreparedData:
             len(train_text),
         )
     train = tokenize_parallel(tokenizer, train_text.source, train_text.target, data.max_length)
-    if data.max_train_length:
-        kept = [i for i, length in enumerate(train["length"]) if length <= data.max_train_length]
-        if not kept:
-            raise ValueError(
-                f"no training pair has at most --max_train_length={data.max_train_length} tokens"
-            )
-        logger.info("train short: %d of %d pairs have at most %d tokens; training on those only",
-                    len(kept), len(train), data.max_train_length)  # fmt: skip
-        train = train.select(kept)
     valid = None
     if args.training.eval_strategy != "no":
         valid_text = load_split(data, "valid")
         valid = tokenize_parallel(tokenizer, valid_text.source, valid_text.target, data.max_length)
     return PreparedData(tokenizer, train, valid, test, train_text)
+
+
+def shorter_pairs(tokenizer, text: ParallelText, max_tokens: int) -> ParallelText:
+    """Train short, test long: the pairs with at most `max_tokens` tokens on both sides (logged)."""
+    lengths = [max(len(s), len(t)) for s, t in zip(tokenizer(text.source)["input_ids"],
+                                                     tokenizer(text_target=text.target)["input_ids"], strict=True)]  # fmt: skip
+    kept = [i for i, length in enumerate(lengths) if length <= max_tokens]
+    if not kept:
+        raise ValueError(f"no training pair has at most --max_train_length={max_tokens} tokens")
+    logger.info(
+        "train short: %d of %d pairs have at most %d tokens; training on those only",
+        len(kept),
+        len(text),
+        max_tokens,
+    )
+    return ParallelText([text.source[i] for i in kept], [text.target[i] for i in kept], text.name)
 
 
 def model_config(args: Arguments, vocab_size: int, pad: int, eos: int, train=None) -> MarianPosEncConfig:
@@ -477,7 +486,9 @@ def resume_checkpoint(args: Arguments) -> str | None:
 def train(args: Arguments, model, data: PreparedData, precision) -> tuple[TranslationTrainer, TrainingReport]:
     """`Seq2SeqTrainer` run with token-budget batches, the time budget, progress and a budget check."""
     # checkpoints go beside the run folder; `export` uploads the finished folder, not the Trainer
-    training = dataclasses.replace(args.training, output_dir=str(args.checkpoints_dir), push_to_hub=False)
+    # --eval_bleu scores generated validation translations: the Trainer must generate when it evaluates
+    training = dataclasses.replace(args.training, output_dir=str(args.checkpoints_dir), push_to_hub=False,
+                                   predict_with_generate=args.training.predict_with_generate or args.run.eval_bleu)  # fmt: skip
     training.bf16, training.fp16 = precision.precision == "bf16", precision.precision == "fp16"
     budget = [f"{args.run.minutes} minutes"] if args.run.minutes else []
     budget.append(

@@ -30,8 +30,8 @@ logger = logging.getLogger(__name__)
 # The text follows the bar: it changes width every update, a bar after it would jump.
 BAR_FORMAT = "{percentage:3.0f}%|{bar}| {desc}"
 LOG_EVERY_SECONDS = 30.0
-# Fewer updates than this leave a translation model with nothing to show: the default recipe's inverse-sqrt
-# schedule warms up for 300 updates, so at 100 the learning rate has not reached a third of its peak.
+# Fewer updates than this leave a translation model with nothing to show: at 100 updates the default recipe's
+# inverse-sqrt schedule (150 warm-up updates) has not reached its peak learning rate.
 MIN_UPDATES = 100
 
 
