@@ -91,7 +91,7 @@ def test_big_recipes_carry_the_papers_big_settings(recipe):
     assert config.posnet_dim == 256
     assert config.rposnet_max_relative_position == 8
     assert config.lightconv_kernel_radius == 8
-    assert config.max_relative_position == 8
+    assert config.max_relative_position == 8 and config.relative_attention_max_relative_position == 8
     assert (config.posnet_embed_max_positions, config.posnet_attn_max_positions) == (200, 252)
 
 
