@@ -74,12 +74,10 @@ def zero_disallowed(weights, attention_mask, context, is_causal) -> torch.Tensor
     return weights if allowed is None else weights.masked_fill(~allowed, 0.0)
 
 
-class PositionMixer(TokenMixer):
-    """Token mixing with content-independent weights: out_proj(gate([W · values])), values cached per site.
-
-    Subclasses define `mixing_weights(attention_mask, context, dtype) -> (B|1, H|1, q, k)`, already masked
-    (padding, causality) and normalised or not as their equation says.
-    """
+class ValueMixer(TokenMixer):
+    """Token mixing without keys: out_proj(gate([W · values])), the values projected once and cached per site,
+    the weights W (B|1, H|1, q, k) computed by the subclass (`mixing_weights_for`) from positions and, for some,
+    from the queries."""
 
     #: Eq. 4 gating; subclasses fix it or read it from the config.
     gated = False
@@ -114,8 +112,45 @@ class PositionMixer(TokenMixer):
                 past_key_values.is_updated[self.layer_idx] = True
         return value
 
+    def mixing_weights_for(
+        self, hidden_states, attention_mask, context: PositionContext, dtype
+    ) -> torch.Tensor:
+        """The weights of the queries `hidden_states` (B, q, D) over the site's keys, (B|1, H|1, q, k)."""
+        raise NotImplementedError
+
+    def forward(
+        self,
+        hidden_states: torch.Tensor,
+        key_value_states: torch.Tensor | None = None,
+        past_key_values=None,
+        attention_mask: torch.Tensor | None = None,
+        context: PositionContext | None = None,
+        output_attentions: bool = False,
+    ):
+        value = self.cached_values(hidden_states, key_value_states, past_key_values)  # (B, H, k, Dh)
+        weights = self.mixing_weights_for(
+            hidden_states, attention_mask, context, value.dtype
+        )  # (B|1, H|1, q, k)
+        weights = nn.functional.dropout(weights, p=self.dropout, training=self.training)
+        output = torch.matmul(weights, value).transpose(1, 2)  # (B, q, H, Dh)
+        output = output.reshape(*hidden_states.shape[:-1], -1)  # (B, q, D)
+        if self.gating is not None:
+            output = self.gating.gate(output, hidden_states)
+        return self.out_proj(output), (weights if output_attentions else None)
+
+
+class PositionMixer(ValueMixer):
+    """A `ValueMixer` whose weights come from positions only (content-independent).
+
+    Subclasses define `mixing_weights(attention_mask, context, dtype) -> (B|1, H|1, q, k)`, already masked
+    (padding, causality) and normalised or not as their equation says.
+    """
+
     def mixing_weights(self, attention_mask, context: PositionContext, dtype) -> torch.Tensor:
         raise NotImplementedError
+
+    def mixing_weights_for(self, hidden_states, attention_mask, context, dtype):
+        return self.mixing_weights(attention_mask, context, dtype)
 
     def position_weights(self, context: PositionContext) -> torch.Tensor:
         """What the position panels draw: the mixing weights of an unpadded sequence, (1, H|1, P, P)."""
@@ -133,21 +168,3 @@ class PositionMixer(TokenMixer):
         stack, kind = SITE_SHORT_NAMES[self.site]
         name = f"{stack} L{self.layer_idx} {kind}"
         return [PositionPanel(f"{name} head {head}", "map", heat) for head, heat in enumerate(weights[0])]
-
-    def forward(
-        self,
-        hidden_states: torch.Tensor,
-        key_value_states: torch.Tensor | None = None,
-        past_key_values=None,
-        attention_mask: torch.Tensor | None = None,
-        context: PositionContext | None = None,
-        output_attentions: bool = False,
-    ):
-        value = self.cached_values(hidden_states, key_value_states, past_key_values)  # (B, H, k, Dh)
-        weights = self.mixing_weights(attention_mask, context, value.dtype)  # (B|1, H|1, q, k)
-        weights = nn.functional.dropout(weights, p=self.dropout, training=self.training)
-        output = torch.matmul(weights, value).transpose(1, 2)  # (B, q, H, Dh)
-        output = output.reshape(*hidden_states.shape[:-1], -1)  # (B, q, D)
-        if self.gating is not None:
-            output = self.gating.gate(output, hidden_states)
-        return self.out_proj(output), (weights if output_attentions else None)

@@ -52,15 +52,14 @@ from .base import (
     Hyperparameter,
     PositionContext,
     PositionPanel,
-    TokenMixer,
     additive_mask,
     cosine_similarity_matrix,
 )
-from .mixer_base import SITE_SHORT_NAMES, GeluGating, cache_for_site
+from .mixer_base import SITE_SHORT_NAMES, ValueMixer
 from .posenc_relative import SHAW
 
 
-class RelativeAttention(TokenMixer):
+class RelativeAttention(ValueMixer):
     """Content queries against clipped relative position keys (paper 2 Table 6 "Rel. Self-Attention").
 
     Values are projected (and, gated, normalised: Eq. 4) once and cached as content attention caches them;
@@ -92,16 +91,13 @@ class RelativeAttention(TokenMixer):
     recommended_position_encoding = "none"
 
     def __init__(self, config, site, layer_idx):
+        self.gated = config.relative_attention_gating
         super().__init__(config, site, layer_idx)
         self.max_relative_position = config.relative_attention_max_relative_position
         self.scaling = self.head_dim**-0.5
-        self.dropout = config.attention_dropout
         self.q_proj = nn.Linear(self.embed_dim, self.embed_dim)
-        self.v_proj = nn.Linear(self.embed_dim, self.embed_dim)
-        self.out_proj = nn.Linear(self.embed_dim, self.embed_dim)
         # a^K: one row per clipped offset −K..K, D_h features per head
         self.relative_keys = nn.Parameter(torch.empty(2 * self.max_relative_position + 1, self.embed_dim))
-        self.gating = GeluGating(self.embed_dim) if config.relative_attention_gating else None
         self.reset_parameters()
 
     def reset_parameters(self):
@@ -122,38 +118,12 @@ class RelativeAttention(TokenMixer):
         index = index.expand(query.shape[0], self.num_heads, -1, -1)  # (B, H, q, k)
         return per_offset.gather(-1, index)  # (B, H, q, k)
 
-    def cached_values(self, hidden_states: torch.Tensor, past_key_values) -> torch.Tensor:
-        """All values of the site (B, H, k, Dh), the new ones appended to the decoder's cache. They go in as both
-        keys and values: the decoder reads the number of cached positions from the self-attention cache."""
-        value = self.v_proj(hidden_states)
-        if self.gating is not None:
-            value = self.gating.normalize_values(value)  # LayerNorm(GELU(W^V x)), Eq. 4
-        value = value.view(*hidden_states.shape[:-1], self.num_heads, -1).transpose(1, 2)  # (B, H, q, Dh)
-        cache = cache_for_site(past_key_values, is_cross_attention=False)
-        if cache is not None:
-            _, value = cache.update(value, value, self.layer_idx)  # (B, H, k, Dh)
-        return value
-
-    def forward(
-        self,
-        hidden_states: torch.Tensor,
-        key_value_states: torch.Tensor | None = None,
-        past_key_values=None,
-        attention_mask: torch.Tensor | None = None,
-        context: PositionContext | None = None,
-        output_attentions: bool = False,
-    ):
+    def mixing_weights_for(self, hidden_states, attention_mask, context, dtype):
+        """softmax over the keys the mask allows of the queries' energies (Eq. 2), (B, H, q, k)."""
         query = self.q_proj(hidden_states)
         query = query.view(*hidden_states.shape[:-1], self.num_heads, -1).transpose(1, 2)  # (B, H, q, Dh)
-        value = self.cached_values(hidden_states, past_key_values)  # (B, H, k, Dh)
         energies = additive_mask(attention_mask, self.energies(query, context), context, self.is_causal)
-        weights = torch.softmax(energies, dim=-1)  # (B, H, q, k)
-        weights = nn.functional.dropout(weights, p=self.dropout, training=self.training)
-        output = torch.matmul(weights, value).transpose(1, 2)  # (B, q, H, Dh)
-        output = output.reshape(*hidden_states.shape[:-1], -1)  # (B, q, D)
-        if self.gating is not None:
-            output = self.gating.gate(output, hidden_states)
-        return self.out_proj(output), (weights if output_attentions else None)
+        return torch.softmax(energies, dim=-1).to(dtype)  # (B, H, q, k)
 
     def position_panels(self, positions):
         """Cosine similarity of the relative keys a^K of every pair of clipped offsets −K..K."""
