@@ -9,7 +9,8 @@ CPU's flags hint at which kind a machine is, but only a timing says what torch's
   *scout* matmul first: an emulated bf16 is then abandoned after milliseconds, and the full-size bf16 matmul
   runs only where bf16 is not far slower. bf16 wins when it is at least `BF16_MIN_SPEEDUP` times faster,
   fastest of alternating fp32/bf16 rounds (a burst of other work on a shared machine hits one round, not
-  the choice). The probe runs with torch's current threads: set them as training will first.
+  the choice). The probes run on one thread: the ratio of two kernels' speeds decides, not their absolute
+  speed, and a single thread is the measurement another busy process on the machine disturbs least.
   On CUDA the rule is fixed: bf16 where the GPU supports it, else fp32;
 * `choose_attention_backend` times forward + backward of transformers' SDPA and our eager attention at the
   model's head shapes under that precision, and keeps the faster;
@@ -23,7 +24,7 @@ machine.
 import platform
 import time
 from collections.abc import Callable
-from contextlib import nullcontext
+from contextlib import contextmanager, nullcontext
 from dataclasses import asdict, dataclass, field
 from functools import partial
 from pathlib import Path
@@ -50,8 +51,8 @@ TIMING_BUDGET_SECONDS = 0.05  # per timing: a warm-up, one timed call, and as ma
 TIMING_REPEATS = 3
 # Candidates are timed in alternating rounds, each keeping its fastest, so that a burst of other work on a
 # shared machine does not decide the choice; rounds stop after PROBE_ROUNDS or once PROBE_BUDGET_SECONDS pass.
-PROBE_ROUNDS = 3
-PROBE_BUDGET_SECONDS = 0.3
+PROBE_ROUNDS = 5
+PROBE_BUDGET_SECONDS = 0.5
 PEAK_BUDGET_SECONDS = 0.5
 PEAK_FIRST_SIZE, PEAK_LARGEST_SIZE = 256, 8192
 
@@ -140,6 +141,17 @@ def autocast(device, dtype: torch.dtype | None):
 def synchronize(device) -> None:
     if torch.device(device).type == "cuda":
         torch.cuda.synchronize()
+
+
+@contextmanager
+def one_thread():
+    """torch on one intra-op thread for the duration (the probes), the caller's thread count restored after."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
 
 
 def best_seconds(
@@ -236,7 +248,14 @@ def choose_precision(
     if device_type != "cpu":
         return PrecisionChoice(requested, "fp32", f"no precision probe for device type {device_type!r}")
 
-    timer = timer or partial(time_linear, device)
+    with one_thread():
+        return measured_precision(
+            requested, device, d_model, ffn_dim, tokens, timer or partial(time_linear, device)
+        )
+
+
+def measured_precision(requested, device, d_model, ffn_dim, tokens, timer: MatmulTimer) -> PrecisionChoice:
+    """The CPU probe of `choose_precision`."""
     started = time.perf_counter()
     rows = probe_rows(tokens, d_model, ffn_dim, PROBE_FLOPS, MIN_PROBE_ROWS)
     shapes = ((rows, d_model, ffn_dim), (rows, ffn_dim, d_model))
@@ -351,8 +370,9 @@ def choose_attention_backend(
     shape = (max(1, tokens // length), heads, length, head_dim)  # (B, H, L, Dh)
     timer = timer or partial(time_attention, device, autocast_dtype(precision, device), *shape)
     started = time.perf_counter()
-    first = {backend: timer(backend) for backend in ("eager", "sdpa")}
-    seconds = fastest_in_rounds({backend: partial(timer, backend) for backend in first}, first, started)
+    with one_thread():
+        first = {backend: timer(backend) for backend in ("eager", "sdpa")}
+        seconds = fastest_in_rounds({backend: partial(timer, backend) for backend in first}, first, started)
     figures = {f"{backend}_ms": 1e3 * value for backend, value in seconds.items()}
     figures.update(shape=list(shape), probe_seconds=time.perf_counter() - started)
     backend = "eager" if seconds["eager"] < seconds["sdpa"] else "sdpa"
