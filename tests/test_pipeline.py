@@ -313,3 +313,10 @@ def test_train_short_keeps_only_short_pairs_and_concatenation_joins_them_afterwa
     assert len(short.test) == 3  # the test set is not filtered
     joined = train.prepare_data(train.parse_args([*flags, "--concat_probability", "1.0"]))
     assert len(joined.train) < len(short.train) and max(joined.train["length"]) > 14
+
+
+def test_the_run_folder_is_named_after_the_recipe_and_module_unless_given():
+    """The Trainer's own default output folder ("trainer_output") would name no run."""
+    assert train.parse_args([]).training.output_dir.endswith("outputs/multi30k-en-de-small-sinusoidal")
+    assert train.parse_args(["--position_encoding", "alibi"]).training.output_dir.endswith("-alibi")
+    assert train.parse_args(["--output_dir", "mine"]).training.output_dir == "mine"

@@ -225,6 +225,8 @@ def parse_args(argv=None) -> Arguments:
         parser.error(str(error))
     args = Arguments(run, data, model, training)
     check_arguments(parser, args, recipe_overrides)
+    if "output_dir" not in given:  # the Trainer's own default ("trainer_output") names no run
+        training.output_dir = str(REPO / "outputs" / f"{run.recipe}-{module_name(args)}")
     return args
 
 
@@ -282,8 +284,6 @@ def check_arguments(parser, args: Arguments, recipe_overrides: dict) -> None:
             model_config(args, vocab_size=data.vocab_size, pad=0, eos=1)  # validates every model setting now
         except (ValueError, TypeError) as error:
             parser.error(f"invalid model settings: {error}")
-    if training.output_dir is None:
-        training.output_dir = str(REPO / "outputs" / f"{run.recipe}-{module_name(args)}")
 
 
 def module_name(args: Arguments) -> str:
@@ -639,7 +639,8 @@ def export(args: Arguments, model, data: PreparedData, evaluation: Evaluation, r
         else f"Training data: {data.train_text.name} ({len(data.train_text)} pairs). Test: {data.test.name}.",
         training=(f"recipe `{args.run.recipe}`: {record['steps']} updates in {record['train_minutes']:.1f} min, "
                   f"{record['precision']}, {batching} per batch x {args.training.gradient_accumulation_steps}, "
-                  f"lr {args.training.learning_rate} {args.training.lr_scheduler_type} (warm-up {args.training.warmup_steps}), "
+                  f"lr {args.training.learning_rate} {getattr(args.training.lr_scheduler_type, 'value', args.training.lr_scheduler_type)} "
+                  f"(warm-up {args.training.warmup_steps}), "
                   f"label smoothing {args.training.label_smoothing_factor}"
                   + (f", average of {', '.join(evaluation.averaged)}" if evaluation.averaged else "")),
         hardware=(f"{record['hardware']['line']}; {record['training_target_tokens_per_second']:.0f} target tokens/s, "
