@@ -44,7 +44,8 @@ BAD_FLAGS = [
         ["--encoder_self_attention", "fourier", "--decoder_self_attention", "fourier"],
         ["cannot be used there"],
     ),
-    (["--average_last", "5"], ["checkpoint averaging needs checkpoints"]),
+    (["--save_strategy", "no", "--average_last", "5"], ["checkpoint averaging needs checkpoints"]),
+    (["--minutes", "0", "--max_steps", "120", "--average_last", "5"], ["writes 2 checkpoints, fewer than the 5"]),
     (["--concat_probability", "1.5"], ["--concat_probability=1.5 must be in [0, 1]"]),
     (["--recipe", "wmt15"], ["unknown recipe 'wmt15'; available:"]),
 ]
@@ -193,6 +194,10 @@ def test_resuming_last_skips_a_half_written_checkpoint(tmp_path, caplog):
     args = train.parse_args([*flags, "--max_steps", "4", "--resume_from_checkpoint", "last"])
     assert train.resume_checkpoint(args) == str(checkpoints / "checkpoint-1")
     assert "checkpoint-2 is incomplete (no trainer_state.json): resuming from" in caplog.text
+    scores = train.main([*flags, "--max_steps", "4", "--resume_from_checkpoint", "last"])
+    # the record says which updates this attempt made, not "4 updates in <this attempt's minutes>"
+    assert (scores["steps"], scores["updates_this_attempt"], scores["resumed_from"]) == (4, 3, "checkpoint-1")
+    assert "4 updates (3 of them in this attempt's" in (tmp_path / "run" / "README.md").read_text()
 
 
 def test_a_resumed_time_budget_counts_the_time_already_spent():

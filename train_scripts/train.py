@@ -46,7 +46,7 @@ from transformers.trainer_callback import ProgressCallback
 from hf_posenc import MarianPosEncConfig, MarianPosEncForConditionalGeneration
 from hf_posenc.modeling_marian_posenc import MAX_NEW_TOKENS_OVER_SOURCE, PAPER_1_DECODING
 from hf_posenc.pipeline.augmentation import concatenate_consecutive
-from hf_posenc.pipeline.averaging import average_into, select_checkpoints
+from hf_posenc.pipeline.averaging import average_into, list_checkpoints, select_checkpoints
 from hf_posenc.pipeline.batching import TokenBudgetBatchSampler
 from hf_posenc.pipeline.cli import run_cli
 from hf_posenc.pipeline.data import ParallelText, read_hf_translation, read_parallel, read_split
@@ -248,6 +248,13 @@ def check_arguments(parser, args: Arguments, recipe_overrides: dict) -> None:
         parser.error(
             "--eval_bleu scores the validation set at each evaluation: set --eval_strategy steps --eval_steps N"
         )
+    planned_checkpoints = (
+        training.max_steps // training.save_steps if training.max_steps > 0 and not run.minutes else None
+    )
+    if planned_checkpoints is not None and planned_checkpoints < (run.average_last or run.average_best):
+        parser.error(f"--max_steps={training.max_steps} with --save_steps={training.save_steps} writes "
+                     f"{planned_checkpoints} checkpoints, fewer than the {run.average_last or run.average_best} "
+                     "to average (--average_last / --average_best)")  # fmt: skip
     if run.average_best and training.eval_steps != training.save_steps:
         parser.error(
             "--average_best needs the validation loss at every checkpoint: --eval_steps = --save_steps"
@@ -444,11 +451,13 @@ def build_model(args: Arguments, data: PreparedData):
 
 @dataclass
 class TrainingReport:
-    steps: int
-    minutes: float
+    steps: int  # the run's updates, earlier attempts included
+    minutes: float  # of this attempt, as the rest
     target_tokens: int
     tokens_per_second: float
     budget: dict
+    resumed_from: str | None = None  # the checkpoint this attempt continued
+    updates_this_attempt: int = 0
 
 
 def check_output_folders(args: Arguments) -> None:
@@ -522,11 +531,14 @@ def train(args: Arguments, model, data: PreparedData, precision) -> tuple[Transl
     if args.run.minutes:
         check = UpdateBudgetCheck(args.run.minutes, precision.precision, describe_hardware(training.device))
         trainer.add_callback(check)
+    resume = resume_checkpoint(args)
+    first_step = json.loads((Path(resume) / "trainer_state.json").read_text())["global_step"] if resume else 0
     started = time.monotonic()
-    result = trainer.train(resume_from_checkpoint=resume_checkpoint(args))
+    result = trainer.train(resume_from_checkpoint=resume)
     seconds = time.monotonic() - started
-    report = TrainingReport(result.global_step, seconds / 60, trainer.target_tokens,
-                            trainer.target_tokens / seconds, check.estimate if check else None)  # fmt: skip
+    report = TrainingReport(result.global_step, seconds / 60, trainer.target_tokens, trainer.target_tokens / seconds,
+                            check.estimate if check else None, resume and Path(resume).name,
+                            result.global_step - first_step)  # fmt: skip
     return trainer, report
 
 
@@ -547,11 +559,18 @@ def trained_model(args: Arguments, trainer: TranslationTrainer):
     if not trainer.is_world_process_zero():
         return None, []
     model = type(trainer.model).from_pretrained(trained_dir).to(args.training.device)
-    if not (args.run.average_last or args.run.average_best):
+    asked = args.run.average_last or args.run.average_best
+    if not asked:
         return model, []
-    chosen = select_checkpoints(
-        args.checkpoints_dir, last=args.run.average_last or None, best=args.run.average_best or None
-    )
+    available = len(list_checkpoints(args.checkpoints_dir)) if args.checkpoints_dir.is_dir() else 0
+    if available < asked:  # a time budget can end before the checkpoints asked for exist
+        logger.warning("asked to average %d checkpoints, %d exist: %s", asked, available,
+                       f"averaging those {available}" if available else "evaluating the final weights")  # fmt: skip
+        if not available:
+            return model, []
+    wanted = min(asked, available)
+    chosen = select_checkpoints(args.checkpoints_dir, last=wanted if args.run.average_last else None,
+                                best=wanted if args.run.average_best else None)  # fmt: skip
     average_into(model, chosen)
     return model, [path.name for path in chosen]
 
@@ -592,6 +611,8 @@ def run_record(
         "recipe": args.run.recipe,
         "steps": report.steps,
         "train_minutes": round(report.minutes, 2),
+        "resumed_from": report.resumed_from,
+        "updates_this_attempt": report.updates_this_attempt,
         "decode_seconds": round(evaluation.decode_seconds, 1),
         "total_minutes": round((time.monotonic() - started) / 60, 2),
         "parameters": model.num_parameters(),
@@ -637,7 +658,7 @@ def export(args: Arguments, model, data: PreparedData, evaluation: Evaluation, r
         test_split=Path(data.test.name.split(" / ")[0]).name,
         data_note=MULTI30K_NOTE if "multi30k" in args.run.recipe and not args.data.train_source
         else f"Training data: {data.train_text.name} ({len(data.train_text)} pairs). Test: {data.test.name}.",
-        training=(f"recipe `{args.run.recipe}`: {record['steps']} updates in {record['train_minutes']:.1f} min, "
+        training=(f"recipe `{args.run.recipe}`: {updates_text(record)}, "
                   f"{record['precision']}, {batching} per batch x {args.training.gradient_accumulation_steps}, "
                   f"lr {args.training.learning_rate} {getattr(args.training.lr_scheduler_type, 'value', args.training.lr_scheduler_type)} "
                   f"(warm-up {args.training.warmup_steps}), "
@@ -666,14 +687,23 @@ def export(args: Arguments, model, data: PreparedData, evaluation: Evaluation, r
     return output_dir
 
 
+def updates_text(record: dict) -> str:
+    """'1003 updates in 16.0 min', or for a resumed run how many of them this attempt made, and in what time."""
+    if record["resumed_from"]:
+        return (f"{record['steps']} updates ({record['updates_this_attempt']} of them in this attempt's "
+                f"{record['train_minutes']:.1f} min, resumed from {record['resumed_from']})")  # fmt: skip
+    return f"{record['steps']} updates in {record['train_minutes']:.1f} min"
+
+
 def print_summary(
     args: Arguments, data: PreparedData, evaluation: Evaluation, record: dict, output_dir: Path
 ) -> None:
     scores = evaluation.scores
     print(f"\nBLEU    {scores['bleu']:6.2f}  {scores['bleu_signature']}")
     print(f"chrF++  {scores['chrf++']:6.2f}  {scores['chrf++_signature']}")
-    print(f"{record['steps']} updates, training {record['train_minutes']:.1f} min, decoding "
-          f"{record['decode_seconds']:.0f} s, total {record['total_minutes']:.1f} min")  # fmt: skip
+    print(
+        f"{updates_text(record)}, decoding {record['decode_seconds']:.0f} s, total {record['total_minutes']:.1f} min"
+    )
     print(f"{record['hardware']['line']}; precision {record['precision']}, attention {record['attention_backend']}; "
           f"{record['training_target_tokens_per_second']:.0f} target tokens/s = "
           f"{record['model_flops_per_target_token'] * record['training_target_tokens_per_second'] / 1e9:.1f} GFLOP/s, "

@@ -111,7 +111,8 @@ def average_state_dicts(checkpoints: list[Path]) -> dict[str, torch.Tensor]:
 def average_into(model, checkpoints: list[Path]) -> None:
     """Load the average of `checkpoints` into `model`, whose tensors they must hold exactly (tied ones re-tied)."""
     missing, unexpected = model.load_state_dict(average_state_dicts(checkpoints), strict=False)
-    tied = set(getattr(model, "_tied_weights_keys", None) or {})
+    # tied weights are saved once; stock Marian does not save its fixed sinusoid tables
+    tied = set(getattr(model, "_tied_weights_keys", None) or {}) | set(model._keys_to_ignore_on_save or [])
     if unexpected or set(missing) - tied:
         raise ValueError(
             f"the checkpoints {[str(c) for c in checkpoints]} do not fit the model: missing {sorted(set(missing) - tied)}, "
