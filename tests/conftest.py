@@ -66,6 +66,18 @@ def target_batch(seed=1, batch=3, length=9):
     return ids
 
 
+def decode_with_cache(model, encoder_outputs, mask, target, prefill: int = 1) -> torch.Tensor:
+    """Logits of `target` (B, T) fed with the generation cache: the first `prefill` tokens in one call, then one
+    token per call; (B, T, V), to compare with the full forward."""
+    steps, cache = [], None
+    for start, end in [(0, prefill), *((p, p + 1) for p in range(prefill, target.shape[1]))]:
+        out = model(encoder_outputs=encoder_outputs, attention_mask=mask, decoder_input_ids=target[:, start:end],
+                    past_key_values=cache, use_cache=True)  # fmt: skip
+        cache = out.past_key_values
+        steps.append(out.logits)
+    return torch.cat(steps, dim=1)
+
+
 @pytest.fixture(scope="session")
 def multi30k_dir():
     if not DATA_DIR.is_dir():

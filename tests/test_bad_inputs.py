@@ -45,7 +45,10 @@ BAD_FLAGS = [
         ["cannot be used there"],
     ),
     (["--save_strategy", "no", "--average_last", "5"], ["checkpoint averaging needs checkpoints"]),
-    (["--minutes", "0", "--max_steps", "120", "--average_last", "5"], ["writes 2 checkpoints, fewer than the 5"]),
+    (
+        ["--minutes", "0", "--max_steps", "120", "--average_last", "5"],
+        ["writes 2 checkpoints, fewer than the 5"],
+    ),
     (["--concat_probability", "1.5"], ["--concat_probability=1.5 must be in [0, 1]"]),
     (["--recipe", "wmt15"], ["unknown recipe 'wmt15'; available:"]),
 ]

@@ -12,8 +12,9 @@ import textwrap
 
 import pytest
 import torch
-from conftest import PAD, VOCAB, source_batch, target_batch, tiny_model
+from conftest import PAD, VOCAB, decode_with_cache, source_batch, target_batch, tiny_model
 
+import hf_posenc.modeling_marian_posenc
 from hf_posenc import POSITION_ENCODINGS
 from hf_posenc.pipeline.systems import conformance_variants
 
@@ -104,25 +105,8 @@ def test_incremental_decoding_with_cache_equals_full_forward(overrides):
         full = model(encoder_outputs=encoder_outputs, attention_mask=mask, decoder_input_ids=tgt).logits
 
         for prefill in (1, 4):  # one token at a time, and a 4-token prefill followed by single steps
-            out = model(
-                encoder_outputs=encoder_outputs,
-                attention_mask=mask,
-                decoder_input_ids=tgt[:, :prefill],
-                use_cache=True,
-            )
-            steps = [out.logits]
-            cache = out.past_key_values
-            for position in range(prefill, tgt.shape[1]):
-                out = model(
-                    encoder_outputs=encoder_outputs,
-                    attention_mask=mask,
-                    decoder_input_ids=tgt[:, position : position + 1],
-                    past_key_values=cache,
-                    use_cache=True,
-                )
-                cache = out.past_key_values
-                steps.append(out.logits)
-            torch.testing.assert_close(torch.cat(steps, dim=1), full, atol=1e-4, rtol=1e-4)
+            incremental = decode_with_cache(model, encoder_outputs, mask, tgt, prefill)
+            torch.testing.assert_close(incremental, full, atol=1e-4, rtol=1e-4)
 
 
 @parametrize_variants
@@ -274,3 +258,44 @@ def test_variants_use_the_requested_modules():
     model = tiny_model(encoder_position_encoding="learned", decoder_position_encoding="none")
     assert type(model.model.encoder.position_encoding) is POSITION_ENCODINGS["learned"]
     assert type(model.model.decoder.position_encoding) is POSITION_ENCODINGS["none"]
+
+
+def stack_encodings(overrides: dict) -> set[str]:
+    """The position encodings of both stacks a variant builds."""
+    shorthand = overrides.get("position_encoding", "sinusoidal")
+    return {overrides.get(f"{stack}_position_encoding", shorthand) for stack in ("encoder", "decoder")}
+
+
+SHARED_BIAS_VARIANTS = [
+    (variant_id, overrides)
+    for variant_id, overrides in VARIANTS
+    if all(POSITION_ENCODINGS[name].score_bias_shared_by_layers for name in stack_encodings(overrides))
+]
+
+
+@pytest.mark.parametrize(
+    "overrides", [o for _, o in SHARED_BIAS_VARIANTS], ids=[i for i, _ in SHARED_BIAS_VARIANTS]
+)
+def test_a_bias_shared_by_layers_is_computed_once_per_stack_forward(overrides, monkeypatch):
+    """Encodings whose score bias is the same in every layer (T5, ALiBi, FIRE, KERPLE) compute it once per stack
+    forward, not once per layer, and the model's output is the one of the per-layer path (the stack's merged
+    mask unset)."""
+    model = tiny_model(**overrides)
+    src, mask = source_batch()
+    calls = []
+    for stack in (model.model.encoder, model.model.decoder):
+        encoding = stack.position_encoding
+        monkeypatch.setattr(
+            encoding,
+            "score_bias",
+            lambda layer, context, f=encoding.score_bias: calls.append(layer) or f(layer, context),
+        )
+    with torch.no_grad():
+        shared = model(input_ids=src, attention_mask=mask, decoder_input_ids=target_batch()).logits
+        assert len(calls) == 2  # one per stack, for 2 + 2 layers
+        monkeypatch.setattr(
+            hf_posenc.modeling_marian_posenc, "stack_score_mask", lambda *args, **kwargs: None
+        )
+        per_layer = model(input_ids=src, attention_mask=mask, decoder_input_ids=target_batch()).logits
+    assert len(calls) == 2 + 4
+    torch.testing.assert_close(shared, per_layer)

@@ -5,9 +5,8 @@ import math
 
 import pytest
 import torch
-from conftest import PAD, VOCAB, source_batch, target_batch, tiny_config, tiny_model
+from conftest import PAD, VOCAB, decode_with_cache, source_batch, target_batch, tiny_config, tiny_model
 
-import hf_posenc.modeling_marian_posenc
 from hf_posenc import POSITION_ENCODINGS, MarianPosEncForConditionalGeneration, PositionContext
 from hf_posenc.base import all_positions_context
 from hf_posenc.posenc_kerple import MAX_POWER, PARAMETER_FLOOR
@@ -261,35 +260,6 @@ def test_kerple_rejects_an_unknown_kernel():
 # ------------------------------------------------------------------------------------------ both encodings
 
 
-@pytest.mark.parametrize(
-    "overrides",
-    [{"position_encoding": "fire"}, {"position_encoding": "kerple", "kerple_kernel": "power"}],
-    ids=["fire", "kerple-power"],
-)
-def test_bias_is_computed_once_per_stack_forward_and_equals_the_per_layer_path(overrides, monkeypatch):
-    """FIRE and KERPLE compute their bias once per stack forward (shared by the layers), and the model's output is
-    the one of the per-layer path (the stack's merged mask unset)."""
-    model = tiny_model(**overrides)
-    src, mask = source_batch()
-    calls = []
-    for stack in (model.model.encoder, model.model.decoder):
-        encoding = stack.position_encoding
-        monkeypatch.setattr(
-            encoding,
-            "score_bias",
-            lambda layer, context, f=encoding.score_bias: calls.append(layer) or f(layer, context),
-        )
-    with torch.no_grad():
-        shared = model(input_ids=src, attention_mask=mask, decoder_input_ids=target_batch()).logits
-        assert len(calls) == 2  # one per stack, for 2 + 2 layers
-        monkeypatch.setattr(
-            hf_posenc.modeling_marian_posenc, "stack_score_mask", lambda *args, **kwargs: None
-        )
-        per_layer = model(input_ids=src, attention_mask=mask, decoder_input_ids=target_batch()).logits
-    assert len(calls) == 2 + 4
-    torch.testing.assert_close(shared, per_layer)
-
-
 @pytest.mark.parametrize("name", ["fire", "kerple"])
 def test_a_1000_token_input_gives_finite_logits(name):
     """Both encodings have no length limit: a source of 1000 tokens (beyond FIRE's default threshold of 512)
@@ -418,18 +388,8 @@ def test_shape_offsets_stay_fixed_across_the_steps_of_a_cached_decode():
         full = model(encoder_outputs=encoder_outputs, attention_mask=mask, decoder_input_ids=tgt).logits
         torch.manual_seed(5)
         encoder_outputs = model.get_encoder()(input_ids=src, attention_mask=mask)
-        steps, cache = [], None
-        for position in range(tgt.shape[1]):
-            out = model(
-                encoder_outputs=encoder_outputs,
-                attention_mask=mask,
-                decoder_input_ids=tgt[:, position : position + 1],
-                past_key_values=cache,
-                use_cache=True,
-            )
-            cache = out.past_key_values
-            steps.append(out.logits)
-    torch.testing.assert_close(torch.cat(steps, dim=1), full, atol=1e-5, rtol=1e-4)
+        incremental = decode_with_cache(model, encoder_outputs, mask, tgt)
+    torch.testing.assert_close(incremental, full, atol=1e-5, rtol=1e-4)
 
 
 def test_shape_max_shift_must_not_be_negative():

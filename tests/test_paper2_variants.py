@@ -5,7 +5,7 @@ import math
 
 import pytest
 import torch
-from conftest import source_batch, target_batch, tiny_config, tiny_model
+from conftest import decode_with_cache, source_batch, target_batch, tiny_config, tiny_model
 
 from hf_posenc import TOKEN_MIXERS
 from hf_posenc.base import (
@@ -218,18 +218,9 @@ def test_clipped_windows_decode_exactly_with_the_cache_and_ignore_padding(overri
     with torch.no_grad():
         encoder_outputs = model.get_encoder()(input_ids=src, attention_mask=mask)
         full = model(encoder_outputs=encoder_outputs, attention_mask=mask, decoder_input_ids=tgt).logits
-        steps, cache = [], None
-        for position in range(tgt.shape[1]):
-            out = model(
-                encoder_outputs=encoder_outputs,
-                attention_mask=mask,
-                decoder_input_ids=tgt[:, position : position + 1],
-                past_key_values=cache,
-                use_cache=True,
-            )
-            cache = out.past_key_values
-            steps.append(out.logits)
-        torch.testing.assert_close(torch.cat(steps, dim=1), full, atol=1e-5, rtol=1e-4)
+        torch.testing.assert_close(
+            decode_with_cache(model, encoder_outputs, mask, tgt), full, atol=1e-5, rtol=1e-4
+        )
         for row in range(1, src.shape[0]):
             length = int(mask[row].sum())
             alone = model(input_ids=src[row : row + 1, :length], decoder_input_ids=tgt[row : row + 1]).logits

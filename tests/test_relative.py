@@ -11,7 +11,6 @@ import torch
 from conftest import source_batch, target_batch, tiny_model
 from transformers.models.t5.modeling_t5 import T5Attention
 
-import hf_posenc.modeling_marian_posenc
 from hf_posenc import PositionContext
 from hf_posenc.posenc_relative import alibi_slopes, t5_relative_bucket
 
@@ -173,31 +172,6 @@ def test_t5_bias_is_the_stack_table_at_transformers_buckets(stack, past):
                 relative = torch.tensor(key_position - query_position)
                 bucket = T5Attention._relative_position_bucket(relative, stack == "encoder", 8, 8)
                 torch.testing.assert_close(biases[0][b, :, i, j], table[bucket].detach())
-
-
-@pytest.mark.parametrize("encoding_name", ["t5_bias", "alibi"])
-def test_a_bias_shared_by_layers_is_computed_once_per_stack_forward(encoding_name, monkeypatch):
-    """T5 (as in T5) and ALiBi compute their bias once per stack forward, not once per layer, and the model's
-    output is the one of the per-layer path (the stack's mask unset)."""
-    model = tiny_model(position_encoding=encoding_name)
-    src, mask = source_batch()
-    calls = []
-    for stack in (model.model.encoder, model.model.decoder):
-        encoding = stack.position_encoding
-        monkeypatch.setattr(
-            encoding,
-            "score_bias",
-            lambda layer, context, f=encoding.score_bias: calls.append(layer) or f(layer, context),
-        )
-    with torch.no_grad():
-        shared = model(input_ids=src, attention_mask=mask, decoder_input_ids=target_batch()).logits
-        assert len(calls) == 2  # one per stack, for 2 + 2 layers
-        monkeypatch.setattr(
-            hf_posenc.modeling_marian_posenc, "stack_score_mask", lambda *args, **kwargs: None
-        )
-        per_layer = model(input_ids=src, attention_mask=mask, decoder_input_ids=target_batch()).logits
-    assert len(calls) == 2 + 4
-    torch.testing.assert_close(shared, per_layer)
 
 
 @pytest.mark.parametrize("use_reentrant", [False, True])
