@@ -1,7 +1,7 @@
 """Speed, memory and decoding cost of every registered positional module vs stock MarianMTModel, one process.
 
     python -m benchmarks.run --config small --threads 1 --repeats 3          # CPU, every system
-    python -m benchmarks.run --device cuda --bf16 --config base               # GPU: adds length 1024
+    python -m benchmarks.run --device cuda --config base                      # GPU: adds length 1024
     python -m benchmarks.run --systems marian shaw rposnet_precomputed --lengths 32 128
 
 Systems (same dims, fields and seed): "marian" (stock `transformers.MarianMTModel`, the baseline), every
@@ -45,7 +45,7 @@ from benchmarks.harness import (
     interleaved_median_seconds,
     synthetic_batch,
 )
-from hf_posenc.pipeline.hardware import matmul_peak_flops
+from hf_posenc.pipeline.hardware import choose_attention_backend, choose_precision, matmul_peak_flops
 from hf_posenc.pipeline.systems import System, benchmark_systems
 
 matplotlib.use("Agg")
@@ -108,7 +108,10 @@ def parse_args(argv):
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--device", default="cpu")
-    parser.add_argument("--bf16", action="store_true", help="bf16 autocast (CPU: eager attention)")
+    parser.add_argument("--precision", choices=["auto", "bf16", "fp32"], default="auto",
+                        help="auto: bf16 where measured faster on this machine (CUDA: where supported)")  # fmt: skip
+    parser.add_argument("--attention_backend", choices=["auto", "eager", "sdpa"], default="auto",
+                        help="every system's attention kernel; auto: the faster, measured")  # fmt: skip
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
         "--peak-tflops",
@@ -122,6 +125,19 @@ def parse_args(argv):
     )
     parser.add_argument("--output-dir", type=Path, default=Path("docs"))
     args = parser.parse_args(argv)
+    torch.set_num_threads(args.threads)  # the probes below measure on the benchmark's machine setting
+    size = MODEL_SIZES[args.config]
+    args.precision_choice = choose_precision(
+        args.precision, args.device, size["d_model"], size["encoder_ffn_dim"]
+    )
+    args.attention_choice = choose_attention_backend(
+        args.attention_backend,
+        args.precision_choice.precision,
+        args.device,
+        size["encoder_attention_heads"],
+        size["d_model"] // size["encoder_attention_heads"],
+    )
+    args.bf16 = args.precision_choice.precision == "bf16"
     if args.lengths is None:
         args.lengths = [32, 128, 512] + ([1024] if torch.device(args.device).type == "cuda" else [])
     args.forward_lengths = args.forward_lengths or args.lengths
@@ -147,8 +163,9 @@ def model_fields(args) -> dict:
     fields = dict(
         MODEL_SIZES[args.config], **MARIAN_FIELDS, max_position_embeddings=args.max_positions or longest
     )
-    if args.bf16 and torch.device(args.device).type == "cpu":
-        fields["attn_implementation"] = "eager"  # SDPA's CPU kernels are slow or missing in bf16
+    fields["attn_implementation"] = (
+        args.attention_choice.backend
+    )  # the same for every system, stock Marian too
     return fields
 
 
@@ -440,8 +457,8 @@ def write_markdown(results: dict, systems: list[System], fields: dict, args, com
         "",
         f"    {command}",
         "",
-        f"Machine: {results['machine']}. Device `{args.device}`, "
-        f"{'bf16 autocast' if args.bf16 else 'fp32'}, seed {args.seed}, median of {args.repeats} interleaved "
+        f"Machine: {results['machine']}. Device `{args.device}`, {args.precision_choice.line()}, "
+        f"{args.attention_choice.line()}, seed {args.seed}, median of {args.repeats} interleaved "
         "repeats after one warm-up each. All numbers are ratios vs stock `transformers.MarianMTModel` "
         "measured "
         "in the same process (absolute times on a shared machine are not comparable across runs).",

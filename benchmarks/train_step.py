@@ -12,7 +12,6 @@ into activations (saved tensors whose storage is not a parameter), 2 x parameter
 
 import argparse
 import json
-import platform
 
 import torch
 import transformers
@@ -28,6 +27,7 @@ from benchmarks.harness import (
     training_memory_bytes,
 )
 from hf_posenc import POSITION_ENCODINGS
+from hf_posenc.pipeline.hardware import choose_precision, describe_hardware
 
 MIB = 2**20
 
@@ -86,7 +86,8 @@ def main():
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--device", default="cpu")
-    parser.add_argument("--bf16", action="store_true", help="bf16 autocast")
+    parser.add_argument("--precision", choices=["auto", "bf16", "fp32"], default="auto",
+                        help="auto: bf16 where measured faster on this machine")  # fmt: skip
     parser.add_argument(
         "--max_positions", type=int, help="max_position_embeddings (default: 1024 or the longest length)"
     )
@@ -98,6 +99,8 @@ def main():
     args = parser.parse_args()
 
     torch.set_num_threads(args.threads)
+    size = MODEL_SIZES[args.config]
+    precision = choose_precision(args.precision, args.device, size["d_model"], size["encoder_ffn_dim"])
     variants = dict(parse_variant(v) for v in [args.baseline, *args.variants])
     base = dict(
         MODEL_SIZES[args.config],
@@ -118,10 +121,10 @@ def main():
         tokens_per_batch=args.tokens_per_batch,
         repeats=args.repeats,
         device=args.device,
-        autocast_dtype=torch.bfloat16 if args.bf16 else None,
+        autocast_dtype=torch.bfloat16 if precision.precision == "bf16" else None,
     )
     print(
-        f"<!-- {platform.processor() or platform.machine()}, {args.threads} threads, torch {torch.__version__}, "
+        f"<!-- {describe_hardware(args.device).line()}, {precision.line()}, "
         f"transformers {transformers.__version__}, config {args.config}, {args.tokens_per_batch} tokens/batch, "
         f"L_max {base['max_position_embeddings']} -->"
     )

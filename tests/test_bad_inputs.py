@@ -196,7 +196,7 @@ def test_resuming_last_skips_a_half_written_checkpoint(tmp_path, caplog):
     (checkpoints / "checkpoint-2" / "trainer_state.json").unlink()  # cut off while being written
     args = train.parse_args([*flags, "--max_steps", "4", "--resume_from_checkpoint", "last"])
     assert train.resume_checkpoint(args) == str(checkpoints / "checkpoint-1")
-    assert "checkpoint-2 is incomplete (no trainer_state.json): resuming from" in caplog.text
+    assert "checkpoint-2 is incomplete (no trainer_state.json): trying the one before" in caplog.text
     scores = train.main([*flags, "--max_steps", "4", "--resume_from_checkpoint", "last"])
     # the record says which updates this attempt made, not "4 updates in <this attempt's minutes>"
     assert (scores["steps"], scores["updates_this_attempt"], scores["resumed_from"]) == (4, 3, "checkpoint-1")
@@ -222,3 +222,17 @@ def test_a_resumed_time_budget_counts_the_time_already_spent():
     budget.start -= 11  # eleven more seconds of training pass
     budget.on_step_end(None, State(), control)
     assert control.should_training_stop
+
+
+@pytest.mark.skipif(not DATA_DIR.is_dir(), reason="shared data folder absent")
+def test_a_checkpoint_with_truncated_weights_is_named_and_skipped(tmp_path, caplog):
+    flags = tiny_run_flags(tmp_path)
+    train.main([*flags, "--max_steps", "2", "--save_strategy", "steps", "--save_steps", "1"])
+    weights = tmp_path / "run-checkpoints" / "checkpoint-2" / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:64])
+    args = train.parse_args([*flags, "--max_steps", "4", "--resume_from_checkpoint", "last"])
+    assert train.resume_checkpoint(args).endswith("checkpoint-1")
+    assert "checkpoint-2/model.safetensors cannot be read" in caplog.text
+    explicit = train.parse_args([*flags, "--max_steps", "4", "--resume_from_checkpoint", str(weights.parent)])
+    with pytest.raises(ValueError, match="checkpoint-2/model.safetensors cannot be read"):
+        train.resume_checkpoint(explicit)

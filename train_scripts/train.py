@@ -34,6 +34,7 @@ from typing import Literal
 
 import torch
 import yaml
+from safetensors import SafetensorError, safe_open
 from transformers import (
     DataCollatorForSeq2Seq,
     HfArgumentParser,
@@ -478,18 +479,36 @@ def check_output_folders(args: Arguments) -> None:
 
 
 def resume_checkpoint(args: Arguments) -> str | None:
-    """The checkpoint to resume from: a folder, or for "last" the newest complete one (the Trainer writes
-    trainer_state.json last, so a checkpoint without it was cut off while being written)."""
+    """The checkpoint to resume from: a folder (checked), or for "last" the newest complete one. The Trainer
+    writes trainer_state.json last, so a checkpoint without it, or whose weights cannot be read, was cut off
+    while being written: it is skipped, and the log says so."""
     resume = args.training.resume_from_checkpoint
+    if resume is None:
+        return None
     if resume != "last":
+        problem = checkpoint_problem(Path(resume))
+        if problem:
+            raise ValueError(f"--resume_from_checkpoint {resume}: {problem}")
         return resume
     checkpoints = sorted(args.checkpoints_dir.glob("checkpoint-*"), key=lambda p: int(p.name.split("-")[-1]))
-    complete = [checkpoint for checkpoint in checkpoints if (checkpoint / "trainer_state.json").is_file()]
-    if not complete:
-        raise SystemExit(f"--resume_from_checkpoint last: no complete checkpoint in {args.checkpoints_dir}")
-    for skipped in checkpoints[checkpoints.index(complete[-1]) + 1 :]:
-        logger.warning("%s is incomplete (no trainer_state.json): resuming from %s", skipped, complete[-1])
-    return str(complete[-1])
+    for checkpoint in reversed(checkpoints):
+        problem = checkpoint_problem(checkpoint)
+        if not problem:
+            return str(checkpoint)
+        logger.warning("%s is incomplete (%s): trying the one before", checkpoint, problem)
+    raise ValueError(f"--resume_from_checkpoint last: no complete checkpoint in {args.checkpoints_dir}")
+
+
+def checkpoint_problem(checkpoint: Path) -> str | None:
+    """Why a Trainer checkpoint cannot be resumed from, or None."""
+    if not (checkpoint / "trainer_state.json").is_file():
+        return "no trainer_state.json"
+    try:
+        with safe_open(checkpoint / "model.safetensors", "pt") as weights:
+            weights.keys()
+    except (OSError, SafetensorError) as error:
+        return f"{checkpoint / 'model.safetensors'} cannot be read: {error}"
+    return None
 
 
 def train(args: Arguments, model, data: PreparedData, precision) -> tuple[TranslationTrainer, TrainingReport]:
