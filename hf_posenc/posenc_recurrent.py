@@ -252,13 +252,21 @@ def recur(cell: Recurrence, gates: torch.Tensor, state, memory, projection=None)
     With `projection` = (W_r^T (D, h, h), b_r (D, 1, h)) every step's output becomes r_j = tanh(W_r h_j + b_r),
     which is both the step's output and the next step's state (Eq. 6); without it the cell recurs on its own
     state and outputs h_j.
+
+    The loop runs in the cell's parameter dtype with autocast off: under bf16 autocast the input gates come in
+    bf16, and a state that accumulates over steps is kept in full precision (the per-step products are small,
+    so this costs little).
     """
-    outputs = []
-    for step_gates in gates:  # (D, B, G*h)
-        hidden, state, memory = cell.step(step_gates, state, memory)
-        if projection is not None:
-            state = hidden = torch.tanh(torch.baddbmm(projection[1], hidden, projection[0]))  # (D, B, h)
-        outputs.append(hidden)
+    dtype = next(cell.weights.parameters()).dtype
+    with torch.autocast(gates.device.type, enabled=False):
+        gates, state = gates.to(dtype), state.to(dtype)
+        memory = None if memory is None else memory.to(dtype)
+        outputs = []
+        for step_gates in gates:  # (D, B, G*h)
+            hidden, state, memory = cell.step(step_gates, state, memory)
+            if projection is not None:
+                state = hidden = torch.tanh(torch.baddbmm(projection[1], hidden, projection[0]))  # (D, B, h)
+            outputs.append(hidden)
     return torch.stack(outputs), state, memory
 
 

@@ -225,6 +225,20 @@ def test_trust_remote_code_round_trip_without_the_package(variant_id, remote_cod
 
 
 @parametrize_variants
+def test_a_training_step_under_bf16_autocast_is_finite(overrides):
+    """bf16 autocast (the CPU training default where bf16 is faster) mixes bf16 and fp32 tensors inside every
+    module: forward and backward run, and the loss and every gradient are finite."""
+    model = tiny_model(**overrides).train()
+    src, mask = source_batch()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        loss = model(input_ids=src, attention_mask=mask, labels=target_batch()[:, 1:]).loss
+    loss.backward()
+    assert torch.isfinite(loss)
+    for name, parameter in model.named_parameters():
+        assert parameter.grad is None or torch.isfinite(parameter.grad).all(), name
+
+
+@parametrize_variants
 def test_bf16_forward_is_finite(overrides):
     model = tiny_model(**overrides).to(torch.bfloat16)
     src, mask = source_batch()
