@@ -626,7 +626,10 @@ class MarianPosEncForConditionalGeneration(MarianPosEncPreTrainedModel, Generati
         loss = None
         if labels is not None:
             loss = nn.functional.cross_entropy(
-                logits.float().view(-1, logits.shape[-1]), labels.reshape(-1), ignore_index=-100, reduction="sum"
+                logits.float().view(-1, logits.shape[-1]),
+                labels.reshape(-1),
+                ignore_index=-100,
+                reduction="sum",
             )
             denominator = num_items_in_batch if num_items_in_batch is not None else (labels != -100).sum()
             loss = loss / denominator
