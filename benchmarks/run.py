@@ -155,17 +155,17 @@ def select_systems(names: list[str] | None) -> list[System]:
     return [known[BASELINE]] + [known[name] for name in dict.fromkeys(names) if name != BASELINE]
 
 
-def model_fields(args) -> dict:
+def model_fields(args, systems: list[System]) -> dict:
     decoder_longest = max(args.new_tokens, decode_new_tokens(args)) + 1  # + the start token
-    longest = max(*args.lengths, *args.forward_lengths, args.source_length, decoder_longest)
+    # SHAPE shifts training positions by up to shape_max_shift
+    shift = max((system.overrides or {}).get("shape_max_shift", 0) for system in systems)
+    longest = max(max(args.lengths) + shift, *args.forward_lengths, args.source_length, decoder_longest)
     # The longest position any measurement reaches, unless given: modules with position tables (learned, PosNet,
     # LinearNet, folded aPosNet/rPosNet) grow with it, and no system should pay for positions it never sees.
     fields = dict(
         MODEL_SIZES[args.config], **MARIAN_FIELDS, max_position_embeddings=args.max_positions or longest
     )
-    fields["attn_implementation"] = (
-        args.attention_choice.backend
-    )  # the same for every system, stock Marian too
+    fields["attn_implementation"] = args.attention_choice.backend  # every system's, stock Marian's too
     return fields
 
 
@@ -577,7 +577,7 @@ def main(argv=None):
     args = parse_args(argv)
     torch.set_num_threads(args.threads)
     systems = select_systems(args.systems)
-    fields = model_fields(args)
+    fields = model_fields(args, systems)
     dtype = torch.bfloat16 if args.bf16 else None
     args.output_dir.mkdir(parents=True, exist_ok=True)
 

@@ -20,11 +20,22 @@ def test_benchmark_command_writes_tables_and_plots_for_every_system(tmp_path):
         "old tables\n<!-- Everything below this line is kept when benchmarks/run.py rewrites this file. -->\n"
         + notes
     )
-    command = [sys.executable, "-m", "benchmarks.run", "--config", "tiny", "--threads", "1"]
+    command = [
+        sys.executable,
+        "-m",
+        "benchmarks.run",
+        "--config",
+        "tiny",
+        "--threads",
+        "1",
+        "--precision",
+        "fp32",
+    ]
     command += [
         "--systems",
         "shaw",
         "rposnet_precomputed",
+        "learned-shape",  # trains past the longest length: the tables must hold it plus the shift
         "--lengths",
         "8",
         "16",
@@ -39,7 +50,7 @@ def test_benchmark_command_writes_tables_and_plots_for_every_system(tmp_path):
     markdown = (tmp_path / "benchmarks.md").read_text()
     for section in ("Training step", "Memory ratio", "Forward benchmark", "Generation", "Per-token decoding"):
         assert section in markdown
-    for system in ("marian", "shaw", "rposnet_precomputed"):
+    for system in ("marian", "shaw", "rposnet_precomputed", "learned-shape"):
         assert f"| {system} |" in markdown
     assert (
         "- shaw train ≥ 0.85: **" in markdown and "per-token decode growth 3→6" in markdown
@@ -49,13 +60,15 @@ def test_benchmark_command_writes_tables_and_plots_for_every_system(tmp_path):
     assert "python -m benchmarks.run --config tiny" in markdown
 
     results = json.loads((tmp_path / "benchmarks.json").read_text())
-    assert set(results["parameters"]) == {"marian", "shaw", "rposnet_precomputed"}
+    assert set(results["parameters"]) == {"marian", "shaw", "rposnet_precomputed", "learned-shape"}
     assert "rposnet_precomputed@8" not in results["training"]["tokens_per_second"]  # inference only
     assert 0 < results["training"]["mfu"]["shaw@16"] < 1
     assert {"marian@b2k4", "rposnet_precomputed@b2k4"} <= results["generation"].keys()
     for plot in ("benchmarks_throughput.png", "benchmarks_decode.png"):
         png = (tmp_path / plot).read_bytes()
-        assert png.startswith(b"\x89PNG") and b"systems: marian, shaw, rposnet_precomputed" in png
+        assert (
+            png.startswith(b"\x89PNG") and b"systems: marian, shaw, rposnet_precomputed, learned-shape" in png
+        )
 
 
 def test_a_given_peak_replaces_the_measured_one_in_mfu(monkeypatch):
