@@ -58,12 +58,14 @@ def test_unknown_system_or_recipe_lists_the_valid_ones(capsys):
 
 
 def test_tiny_real_comparison_writes_results_and_report_and_resumes(tmp_path, caplog):
+    readme = tmp_path / "README.md"
+    readme.write_text((compare.REPO / "README.md").read_text())
     arguments = [
         "--recipe", "multi30k-en-de-tiny", "--systems", "sinusoidal", "none", "learned", "--tables", "main",
         "--seeds", "1", "--max_steps", "2", "--precision", "fp32", "--train_args", TINY_RUN, "--test_limit", "16",
         "--models_dir", str(tmp_path / "models"), "--results_dir", str(tmp_path / "results"),
         "--report", str(tmp_path / "docs" / "results.md"), "--probe_sentences", "4", "--bootstrap_samples", "50",
-        "--length_k", "1", "2",
+        "--length_k", "1", "2", "--readme", str(readme),
     ]  # fmt: skip
     compare.main(arguments)
     results = tmp_path / "results" / "multi30k-en-de-tiny" / "en-de" / "none" / "seed1"
@@ -86,6 +88,19 @@ def test_tiny_real_comparison_writes_results_and_report_and_resumes(tmp_path, ca
     assert (
         probe["shuffle"]["equivariance_gap"] < 1e-5
     )  # no positions anywhere: Eq. 9 holds in the trained model
+    module_rows = {
+        line.split(" | ")[0].strip("| `"): line.split(" | ") for line in readme.read_text().splitlines()
+        if line.startswith("| `")
+    }  # fmt: skip
+    none_bleu = json.loads((results / "scores.json").read_text())["bleu"]
+    assert module_rows["none"][-2:] == [f"{none_bleu:.2f} (1 seed)", "not measured at k = 4 |"]
+    assert module_rows["attention"][-2] == module_rows["sinusoidal"][-2] != "not run yet"
+    assert module_rows["shaw"][-2:] == ["not run yet", "not run yet |"]
+    summary = readme.read_text().split(compare.SUMMARY_START)[1].split(compare.SUMMARY_END)[0]
+    assert (
+        f"3 of {len(compare.TABLES['main'])} main-table systems measured" in summary
+        and "`sinusoidal`" in summary
+    )
     docs = tmp_path / "docs"
     assert (docs / "results_en-de_learned_positions.png").is_file() and (
         docs / "results_en-de_length.png"
@@ -99,6 +114,27 @@ def test_tiny_real_comparison_writes_results_and_report_and_resumes(tmp_path, ca
     assert (results / "scores.json").stat().st_mtime == scores_written
     assert "none seed 1 en-de: done before" in caplog.text
     assert report.read_text().endswith(compare.NOTES_MARKER + "\nReading of the numbers, by hand.\n")  # kept
+
+
+def test_readme_length_cell_reads_k4_share_ratio_and_cannot(tmp_path):
+    args = compare.parse_args(["--results_dir", str(tmp_path), "--seeds", "1", "2"])
+    rows = {
+        "sinusoidal": [{"k": 1, "bleu": 30.0, "cannot": None}, {"k": 4, "bleu": 12.0, "length_ratio": 0.61, "cannot": None}],
+        "learned": [{"k": 1, "bleu": 28.0, "cannot": None}, {"k": 4, "bleu": None, "cannot": {"max_positions": 128}}],
+    }  # fmt: skip
+    for system, joined in rows.items():
+        for seed, bleu in ((1, 30.0), (2, 31.0)):
+            folder = compare.Run(args.recipe, "en-de", system, seed).folder(tmp_path)
+            folder.mkdir(parents=True)
+            (folder / "scores.json").write_text(json.dumps({"bleu": bleu}))
+            (folder / "length_generalisation.json").write_text(json.dumps({"joined": joined}))
+            (folder / "settings.json").write_text("{}")
+    report = compare.Report(args)
+    assert report.module_cells("en-de", "sinusoidal") == (
+        "30.50 ± 0.71 (2 seeds)", "k = 4: 40% of k = 1 BLEU, length ratio 0.61"
+    )  # fmt: skip
+    assert report.module_cells("en-de", "learned")[1] == "k = 4: cannot (>128 pos.)"
+    assert report.module_cells("en-de", "shaw") == ("not run yet", "not run yet")
 
 
 def test_verdicts_need_seed_noise_as_well_as_significance():

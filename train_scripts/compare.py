@@ -46,6 +46,7 @@ from transformers import AutoModelForSeq2SeqLM
 import hf_posenc  # noqa: F401  (registers the Auto classes)
 from hf_posenc.analysis.length_generalisation import (
     DEFAULT_K,
+    cannot_cell,
     comparison_table,
     length_generalisation_for_model_dir,
     plot_length_generalisation,
@@ -67,6 +68,9 @@ logger = logging.getLogger("compare")
 REPO = Path(__file__).resolve().parents[1]
 DATA = REPO.parent / "shared" / "data" / "multi30k"
 NOTES_MARKER = "<!-- Everything below this line is kept when train_scripts/compare.py rewrites this file. -->"
+SUMMARY_START = "<!-- results summary: written by train_scripts/compare.py from results/ -->"
+SUMMARY_END = "<!-- end of results summary -->"
+MODULE_TABLE_HEADER = "| name | kind | paper / equation | docs | status | BLEU | length generalisation |"
 DEFAULT_RECIPE = "multi30k-en-de-compare"
 
 TABLES = comparison_tables()
@@ -126,6 +130,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--report", default=str(REPO / "docs" / "results.md"), help="the report to write")
     parser.add_argument("--report_only", action="store_true", help="skip training, rebuild the report")
+    parser.add_argument(
+        "--readme",
+        default=None,
+        help="README whose module table and summary get the first pair's results (default: the repository's "
+        f"README.md for --recipe {DEFAULT_RECIPE}, none for other recipes)",
+    )
     parser.add_argument("--probe_sentences", type=int, default=100, help="test sentences the probe permutes")
     parser.add_argument("--length_k", nargs="+", type=int, default=list(DEFAULT_K), help="sentences joined")
     parser.add_argument("--bootstrap_samples", type=int, default=1000)
@@ -148,6 +158,8 @@ def parse_args(argv=None) -> argparse.Namespace:
             parser.error(f"--{flag}={getattr(args, flag)} must be at least 1")
     if args.max_steps is not None and args.max_steps < 1:
         parser.error(f"--max_steps={args.max_steps} must be at least 1")
+    if args.readme is None and args.recipe == DEFAULT_RECIPE:
+        args.readme = str(REPO / "README.md")
     return args
 
 
@@ -428,7 +440,66 @@ class Report:
         path = Path(args.report)
         kept = path.read_text().partition(NOTES_MARKER)[2] if path.is_file() else ""
         path.write_text("\n".join(self.lines) + f"\n{NOTES_MARKER}{kept or chr(10)}")
+        if args.readme:
+            self.write_readme(Path(args.readme), args.pairs[0])
         return path
+
+    def write_readme(self, readme: Path, pair: str) -> None:
+        """The BLEU and length-generalisation cells of the README's module table (the `attention` row is the
+        baseline's model) and the summary between its markers, from the first pair's results."""
+        lines = readme.read_text().split("\n")
+        if MODULE_TABLE_HEADER not in lines or SUMMARY_START not in lines or SUMMARY_END not in lines:
+            raise ValueError(f"{readme} lacks the module table header or the results summary markers")
+        start = lines.index(MODULE_TABLE_HEADER) + 2
+        end = next((i for i in range(start, len(lines)) if not lines[i].startswith("| `")), len(lines))
+        for i in range(start, end):
+            cells = lines[i].split(" | ")
+            name = cells[0].removeprefix("| ").strip("`")
+            system = BASELINE if name == "attention" else name
+            if system in SYSTEMS:
+                bleu, length = self.module_cells(pair, system)
+                cells[-2:] = [bleu, f"{length} |"]
+                lines[i] = " | ".join(cells)
+        first, last = lines.index(SUMMARY_START), lines.index(SUMMARY_END)
+        lines[first + 1 : last] = self.summary(pair)
+        readme.write_text("\n".join(lines))
+
+    def module_cells(self, pair: str, system: str) -> tuple[str, str]:
+        """(BLEU mean ± sd over seeds, share of the k = 1 BLEU kept at k = 4 with the length ratio)."""
+        runs = self.runs_of(pair, system)
+        if not runs:
+            return "not run yet", "not run yet"
+        bleu = [self.read(run, "scores.json")["bleu"] for run in runs]
+        rows = {row["k"]: row for row in self.read(runs[0], "length_generalisation.json")["joined"]}
+        first, fourth = rows.get(1), rows.get(4)
+        if fourth is None or first is None or not first["bleu"]:
+            length = "not measured at k = 4"
+        elif fourth["cannot"] is not None:
+            length = f"k = 4: {cannot_cell(fourth['cannot'])}"
+        else:
+            length = f"k = 4: {fourth['bleu'] / first['bleu']:.0%} of k = 1 BLEU, length ratio {fourth['length_ratio']:.2f}"
+        return f"{mean_sd(bleu)} ({len(bleu)} seed{'s' * (len(bleu) > 1)})", length
+
+    def summary(self, pair: str) -> list[str]:
+        measured = {s.name: self.runs_of(pair, s.name) for s in TABLES["main"]}
+        measured = {name: runs for name, runs in measured.items() if runs}
+        if not measured:
+            return [f"Comparison (`{self.args.recipe}`, {pair}): no run finished yet."]
+        mean = {
+            name: statistics.mean(self.read(r, "scores.json")["bleu"] for r in runs)
+            for name, runs in measured.items()
+        }
+        best = max(mean, key=mean.get)
+        seeds = sorted({len(runs) for runs in measured.values()})
+        baseline = f"`{BASELINE}` {mean[BASELINE]:.2f}" if BASELINE in mean else f"`{BASELINE}` not run yet"
+        return [
+            f"- Comparison of every module (`{self.args.recipe}`, {pair}, test_2016_flickr, written "
+            f"{time.strftime('%Y-%m-%d')}; {self.machines()}): {len(measured)} of {len(TABLES['main'])} "
+            f"main-table systems measured, {'/'.join(map(str, seeds))} seed(s) each. Mean BLEU: {baseline}, "
+            f"best `{best}` {mean[best]:.2f}. BLEU and length generalisation per module: the table under "
+            "[Positional modules](#positional-modules); tables, verdicts and the papers' claims: "
+            "[docs/results.md](docs/results.md).",
+        ]
 
     def machines(self) -> str:
         lines = {}
