@@ -135,6 +135,7 @@ def test_readme_length_cell_reads_k4_share_ratio_and_cannot(tmp_path):
     )  # fmt: skip
     assert report.module_cells("en-de", "learned")[1] == "k = 4: cannot (>128 pos.)"
     assert report.module_cells("en-de", "shaw") == ("not run yet", "not run yet")
+    assert report.comparison("en-de", "learned", "shaw", [])[-1] == "no shaw run of these seeds"
 
 
 def test_verdicts_need_seed_noise_as_well_as_significance():

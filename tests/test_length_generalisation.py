@@ -234,6 +234,12 @@ def test_plot_and_comparison_table_show_every_model_and_cannot_cells(tmp_path):
     assert table[0] == "| system | BLEU k=1 | ratio k=1 | BLEU k=2 | ratio k=2 |"
     assert table[2] == "| perfect | 100.0 | 1.00 | 100.0 | 1.00 |"
     assert table[3].startswith("| bounded | cannot (>10 pos.) |")
+    buckets = comparison_table(results, series="buckets").splitlines()
+    labels = [row["bucket"] for row in results["perfect"]["buckets"]]
+    assert buckets[0] == "| system | " + " | ".join(f"BLEU {b} tok. | ratio {b} tok." for b in labels) + " |"
+    assert buckets[2].startswith("| perfect | 100.0 | 1.00 |")
+    with pytest.raises(ValueError, match="series='words'.*joined, buckets"):
+        comparison_table(results, series="words")
 
 
 @pytest.fixture

@@ -409,6 +409,8 @@ class Report:
             delta = statistics.mean(
                 self.read(run, "scores.json")["bleu"] for run in paired
             ) - statistics.mean(same_seeds)
+        if system != reference and delta is None:
+            return runs, bleu, base_bleu, delta, tests, f"no {reference} run of these seeds"
         return runs, bleu, base_bleu, delta, tests, verdict(delta, bleu, base_bleu, tests)
 
     def write(self) -> Path:
@@ -559,6 +561,10 @@ class Report:
         plot_length_generalisation(
             results, self.docs / name, title=f"length generalisation, {pair}, first seed"
         )
+        buckets = f"results_{pair}_length_buckets.png"
+        plot_length_generalisation(
+            results, self.docs / buckets, series="buckets", title=f"source-length buckets, {pair}, first seed"
+        )
         kept = []
         for system, result in results.items():
             rows = {row["k"]: row for row in result["joined"]}
@@ -586,6 +592,12 @@ class Report:
             comparison_table(results),
             "",
             f"![length generalisation]({name})",
+            "",
+            "The plain test set by source length in tokens (the harness's default buckets, `--buckets 10 20 30 40`):",
+            "",
+            comparison_table(results, series="buckets"),
+            "",
+            f"![length buckets]({buckets})",
             "",
         ]
 

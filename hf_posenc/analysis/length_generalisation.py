@@ -282,16 +282,20 @@ def cannot_description(cannot: dict) -> str:
     return f"cannot: {cannot['positions']} positions > {cannot['max_positions']} ({cannot['module']})"
 
 
-def comparison_table(results: dict[str, dict]) -> str:
-    """Markdown: one row per model, BLEU and length ratio for every k of the joined-sentence rows."""
-    sizes = list(dict.fromkeys(size for result in results.values() for size in result["k"]))
-    header = ["system"] + [f"{label} k={size}" for size in sizes for label in ("BLEU", "ratio")]
+def comparison_table(results: dict[str, dict], series: str = "joined") -> str:
+    """Markdown: one row per model, BLEU and length ratio for every k of the joined-sentence rows (or every
+    source-length bucket)."""
+    if series not in SERIES:
+        raise ValueError(f"series={series!r} is not known; allowed values: {', '.join(SERIES)}")
+    key = (lambda row: f"k={row['k']}") if series == "joined" else (lambda row: f"{row['bucket']} tok.")
+    columns = list(dict.fromkeys(key(row) for result in results.values() for row in result[series]))
+    header = ["system"] + [f"{label} {column}" for column in columns for label in ("BLEU", "ratio")]
     lines = ["| " + " | ".join(header) + " |", "|" + " --- |" * len(header)]
     for name, result in results.items():
-        rows = {row["k"]: row for row in result["joined"]}
+        rows = {key(row): row for row in result[series]}
         cells = [name]
-        for size in sizes:
-            row = rows.get(size)
+        for column in columns:
+            row = rows.get(column)
             if row is None or (row["cannot"] is None and row["bleu"] is None):
                 cells += ["–", "–"]
             elif row["cannot"] is not None:
