@@ -10,7 +10,7 @@ from conftest import tiny_model
 from hf_posenc.pipeline.evaluation import degenerate_output, translate
 from hf_posenc.pipeline.tokenization import train_joint_bpe
 
-GOOD_RUN = ["Ein Mann fährt Fahrrad.", "Zwei Hunde spielen im Schnee.", "Eine Frau liest ein Buch."] * 40
+GOOD_RUN = [f"{n} Männer fahren Fahrrad." for n in range(120)]
 
 
 def test_a_good_run_is_not_flagged():
@@ -38,6 +38,22 @@ def test_empty_translations_are_flagged_even_when_bleu_is_not_reported_low():
     reasons = degenerate_output([""] * 6 + ["Ein Hund."] * 4, bleu=5.0, position_encoding="learned")
     assert reasons[0] == "6 of 10 translations are empty"
     assert any("--test_limit" in reason for reason in reasons)  # 10 test sentences: BLEU says little
+
+
+def test_a_few_repeated_translations_are_flagged_though_bleu_is_above_1():
+    """Seen in a real run: 1000 test sentences, 8 distinct translations (707 the same), BLEU 3.2: a model that
+    learned the target language and ignores its source."""
+    hypotheses = ["Ein Mann und eine Frau sitzen auf einer Bank."] * 707 + GOOD_RUN[:8] * 36 + GOOD_RUN[:5]
+    reasons = degenerate_output(hypotheses, bleu=3.2, position_encoding="sinusoidal", updates=1600)
+    assert (
+        reasons[0]
+        == "only 9 distinct translations of 1000 test sentences: the output hardly depends on the source"
+    )
+    assert any("ignores the source" in reason and "--seed" in reason for reason in reasons[1:])
+    assert degenerate_output(GOOD_RUN[:60] * 2, bleu=20.0, position_encoding="none") == []  # half distinct
+    assert (
+        degenerate_output(GOOD_RUN[:10] * 5, bleu=20.0, position_encoding="none") == []
+    )  # 50 sentences: too few
 
 
 def test_low_bleu_without_a_position_encoding_is_not_flagged():

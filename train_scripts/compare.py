@@ -56,6 +56,7 @@ from hf_posenc.analysis.word_order_probe import word_order_probe
 from hf_posenc.pipeline.cli import run_cli
 from hf_posenc.pipeline.data import read_lines, read_split
 from hf_posenc.pipeline.evaluation import (
+    degenerate_output,
     load_translation_model,
     ngram_sweep,
     paired_bootstrap,
@@ -385,6 +386,12 @@ class Report:
     def hypotheses(self, run: Run) -> list[str]:
         return read_lines(run.folder(self.root) / f"test.hyp.{run.target_lang}.gz")
 
+    def degenerate(self, run: Run) -> list[str]:
+        """The symptoms of garbage output (`degenerate_output`), recomputed from the run's translations."""
+        encoding = SYSTEMS[run.system].overrides.get("encoder_position_encoding", "sinusoidal")
+        reasons = degenerate_output(self.hypotheses(run), self.read(run, "scores.json")["bleu"], encoding)
+        return [reason for reason in reasons if not reason.startswith("likely cause")]
+
     def bootstrap(self, run: Run, reference: Run, references: list[str]) -> dict:
         """Paired bootstrap of `run` against `reference` (same seed), once per pair of runs."""
         if (run, reference) not in self.bootstraps:
@@ -535,6 +542,9 @@ class Report:
             if not runs:
                 self.lines.append(f"| {system.name} | {overrides} | | not run | | | | | |")
                 continue
+            degenerate = {run.seed: symptoms for run in runs if (symptoms := self.degenerate(run))}
+            if degenerate:
+                call = "degenerate: " + "; ".join(f"seed {seed}: {s[0]}" for seed, s in degenerate.items())
             chrf = [self.read(run, "scores.json")["chrf++"] for run in runs]
             parameters = self.read(runs[0], "scores.json")["parameters"] / 1e6
             self.lines.append(
@@ -550,7 +560,8 @@ class Report:
         for system in SYSTEMS:
             runs = self.runs_of(pair, system)
             if runs:
-                results[system] = self.read(runs[0], "length_generalisation.json")
+                label = f"{system} (degenerate run)" if self.degenerate(runs[0]) else system
+                results[label] = self.read(runs[0], "length_generalisation.json")
         return results
 
     def length_section(self, pair: str) -> None:
@@ -569,7 +580,13 @@ class Report:
         for system, result in results.items():
             rows = {row["k"]: row for row in result["joined"]}
             first, fourth = rows.get(1), rows.get(4)
-            if first and fourth and first["bleu"] and fourth["bleu"] is not None:
+            if (
+                first
+                and fourth
+                and first["bleu"]
+                and fourth["bleu"] is not None
+                and "degenerate" not in system
+            ):
                 share = fourth["bleu"] / first["bleu"]
                 kept.append((share, fourth["length_ratio"], system))
         kept.sort(reverse=True)

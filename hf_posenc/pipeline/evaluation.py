@@ -72,20 +72,36 @@ def degenerate_output(
     """Why a finished run's translations look like garbage, as sentences for logs and scores.json; [] when
     they do not.
 
-    Fires when more than half the hypotheses are empty, or when BLEU is below 1 for a model with a position
-    encoding (without one, a bag-of-words model may legitimately score that low). The returned list names the
-    symptoms, then the likely causes; the optional facts of the run (`updates` trained, `warmup_steps`,
+    Fires when more than half the hypotheses are empty; when BLEU is below 1 for a model with a position
+    encoding (without one, a bag-of-words model may legitimately score that low); or when, on a test set of at
+    least `SMALL_TEST_SET` sentences, fewer than half the translations are distinct (a model that ignores its
+    source repeats a few target-language sentences, which can still score a few BLEU). The returned list names
+    the symptoms, then the likely causes; the optional facts of the run (`updates` trained, `warmup_steps`,
     `precision`) make the causes specific.
     """
     empty = sum(not hypothesis.strip() for hypothesis in hypotheses)
+    distinct = len({hypothesis.strip() for hypothesis in hypotheses if hypothesis.strip()})
     symptoms = []
     if empty > len(hypotheses) / 2:
         symptoms.append(f"{empty} of {len(hypotheses)} translations are empty")
     if bleu < 1 and position_encoding != "none":
         symptoms.append(f"BLEU {bleu:.2f} is below 1 with position encoding {position_encoding!r}")
+    repeated = (
+        len(hypotheses) >= SMALL_TEST_SET and empty <= len(hypotheses) / 2 and distinct < len(hypotheses) / 2
+    )
+    if repeated:
+        symptoms.append(
+            f"only {distinct} distinct translations of {len(hypotheses)} test sentences: the output hardly "
+            "depends on the source"
+        )
     if not symptoms:
         return []
     causes = []
+    if repeated:
+        causes.append(
+            "training settled on a target-language model that ignores the source (the training loss stays well "
+            "above a working run's): train again with another --seed or a lower --learning_rate"
+        )
     if updates is None:
         causes.append(
             "too few updates for the time budget: compare the updates trained with the budget check"
