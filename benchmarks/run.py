@@ -125,7 +125,6 @@ def parse_args(argv):
     )
     parser.add_argument("--output-dir", type=Path, default=Path("docs"))
     args = parser.parse_args(argv)
-    torch.set_num_threads(args.threads)  # the probes below measure on the benchmark's machine setting
     size = MODEL_SIZES[args.config]
     args.precision_choice = choose_precision(
         args.precision, args.device, size["d_model"], size["encoder_ffn_dim"]

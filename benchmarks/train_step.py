@@ -103,7 +103,7 @@ def main():
     precision = choose_precision(args.precision, args.device, size["d_model"], size["encoder_ffn_dim"])
     variants = dict(parse_variant(v) for v in [args.baseline, *args.variants])
     base = dict(
-        MODEL_SIZES[args.config],
+        size,
         **MARIAN_FIELDS,
         max_position_embeddings=args.max_positions or max(1024, max(args.lengths)),
         dropout=0.1,

@@ -2,6 +2,7 @@
 seed, a tiny real comparison writes the tracked results and the report (scores, significance, length
 generalisation, claims, probe) and resumes, and verdicts need seed noise as well as significance."""
 
+import gzip
 import json
 import logging
 import sys
@@ -132,12 +133,22 @@ def test_readme_length_cell_reads_k4_share_ratio_and_cannot(tmp_path):
             folder.mkdir(parents=True)
             (folder / "scores.json").write_text(json.dumps({"bleu": bleu}))
             (folder / "length_generalisation.json").write_text(json.dumps({"joined": joined}))
+            # 120 distinct translations; learned's second seed repeats one sentence (a degenerate run)
+            lines = (
+                ["Ein Satz."] * 120
+                if (system, seed) == ("learned", 2)
+                else [f"Satz {i}." for i in range(120)]
+            )
+            (folder / "test.hyp.de.gz").write_bytes(gzip.compress("\n".join(lines).encode() + b"\n"))
             (folder / "settings.json").write_text("{}")
     report = compare.Report(args)
     assert report.module_cells("en-de", "sinusoidal") == (
         "30.50 ± 0.71 (2 seeds)", "k = 4: 40% of k = 1 BLEU, length ratio 0.61"
     )  # fmt: skip
-    assert report.module_cells("en-de", "learned")[1] == "k = 4: cannot (>128 pos.)"
+    assert report.module_cells("en-de", "learned") == (
+        "30.50 ± 0.71 (2 seeds, 1 degenerate)",
+        "k = 4: cannot (>128 pos.)",
+    )
     assert report.module_cells("en-de", "shaw") == ("not run yet", "not run yet")
     assert report.comparison("en-de", "learned", "shaw", [])[-1] == "no shaw run of these seeds"
 

@@ -184,7 +184,6 @@ def resolved_precision(args) -> str:
     at the recipe's model shapes (measured once, so that a loaded machine cannot split the runs)."""
     recipe = load_recipe(args.recipe)
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    torch.set_num_threads(args.threads)
     choice = choose_precision(args.precision, device, recipe.get("d_model", 512), recipe.get("ffn_dim", 2048))
     logger.info("every run: %s", choice.line())
     return choice.precision
@@ -326,6 +325,16 @@ CLAIMS = [
     ("3", "RPEs in encoder and decoder ≥ encoder only", "rpe_head", "rpe_head@encoder", "≥"),
     ("3", "RPEs in encoder and decoder ≥ decoder only", "rpe_head", "rpe_head@decoder", "≥"),
 ]
+
+
+def kept_at(result: dict, k: int) -> tuple[float, float] | None:
+    """(share of the k = 1 BLEU kept with k sentences joined, length ratio there) of one length result, or None
+    where either row has no score (not measured, or more positions than the model holds)."""
+    rows = {row["k"]: row for row in result["joined"]}
+    first, joined = rows.get(1), rows.get(k)
+    if not first or not first["bleu"] or not joined or joined["bleu"] is None:
+        return None
+    return joined["bleu"] / first["bleu"], joined["length_ratio"]
 
 
 def mean_sd(values: list[float]) -> str:
@@ -479,15 +488,19 @@ class Report:
         if not runs:
             return "not run yet", "not run yet"
         bleu = [self.read(run, "scores.json")["bleu"] for run in runs]
-        rows = {row["k"]: row for row in self.read(runs[0], "length_generalisation.json")["joined"]}
-        first, fourth = rows.get(1), rows.get(4)
-        if fourth is None or first is None or not first["bleu"]:
-            length = "not measured at k = 4"
-        elif fourth["cannot"] is not None:
+        degenerate = sum(bool(self.degenerate(run)) for run in runs)
+        result = self.read(runs[0], "length_generalisation.json")
+        fourth = {row["k"]: row for row in result["joined"]}.get(4)
+        if fourth is not None and fourth["cannot"] is not None:
             length = f"k = 4: {cannot_cell(fourth['cannot'])}"
+        elif (kept := kept_at(result, 4)) is None:
+            length = "not measured at k = 4"
         else:
-            length = f"k = 4: {fourth['bleu'] / first['bleu']:.0%} of k = 1 BLEU, length ratio {fourth['length_ratio']:.2f}"
-        return f"{mean_sd(bleu)} ({len(bleu)} seed{'s' * (len(bleu) > 1)})", length
+            length = f"k = 4: {kept[0]:.0%} of k = 1 BLEU, length ratio {kept[1]:.2f}"
+        seeds = f"{len(bleu)} seed{'s' * (len(bleu) > 1)}" + (
+            f", {degenerate} degenerate" if degenerate else ""
+        )
+        return f"{mean_sd(bleu)} ({seeds})", length
 
     def summary(self, pair: str) -> list[str]:
         measured = {s.name: self.runs_of(pair, s.name) for s in TABLES["main"]}
@@ -554,20 +567,23 @@ class Report:
             )
         self.lines.append("")
 
-    def length_results(self, pair: str) -> dict[str, dict]:
-        """The first seed's length-generalisation results of every system that has one."""
-        results = {}
+    def length_results(self, pair: str) -> tuple[dict[str, dict], set[str]]:
+        """The first seed's length-generalisation results of every system that has one, and the systems whose
+        first-seed run is degenerate."""
+        results, degenerate = {}, set()
         for system in SYSTEMS:
             runs = self.runs_of(pair, system)
             if runs:
-                label = f"{system} (degenerate run)" if self.degenerate(runs[0]) else system
-                results[label] = self.read(runs[0], "length_generalisation.json")
-        return results
+                results[system] = self.read(runs[0], "length_generalisation.json")
+                if self.degenerate(runs[0]):
+                    degenerate.add(system)
+        return results, degenerate
 
     def length_section(self, pair: str) -> None:
-        results = self.length_results(pair)
-        if not results:
+        measured, degenerate = self.length_results(pair)
+        if not measured:
             return
+        results = {f"{s} (degenerate run)" if s in degenerate else s: r for s, r in measured.items()}
         name = f"results_{pair}_length.png"
         plot_length_generalisation(
             results, self.docs / name, title=f"length generalisation, {pair}, first seed"
@@ -576,19 +592,11 @@ class Report:
         plot_length_generalisation(
             results, self.docs / buckets, series="buckets", title=f"source-length buckets, {pair}, first seed"
         )
-        kept = []
-        for system, result in results.items():
-            rows = {row["k"]: row for row in result["joined"]}
-            first, fourth = rows.get(1), rows.get(4)
-            if (
-                first
-                and fourth
-                and first["bleu"]
-                and fourth["bleu"] is not None
-                and "degenerate" not in system
-            ):
-                share = fourth["bleu"] / first["bleu"]
-                kept.append((share, fourth["length_ratio"], system))
+        kept = [
+            (*share_ratio, system)
+            for system, result in measured.items()
+            if system not in degenerate and (share_ratio := kept_at(result, 4)) is not None
+        ]
         kept.sort(reverse=True)
         meeting = [
             f"`{s}` ({100 * share:.0f}%, ratio {ratio:.2f})"
