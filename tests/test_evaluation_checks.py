@@ -1,13 +1,20 @@
 """Decoding shows its progress without changing its output, and a finished run's garbage output is named as
 such with its likely causes (hf_posenc/pipeline/evaluation.py)."""
 
+import copy
 import io
 import logging
 
 import pytest
+import torch
 from conftest import tiny_model
 
-from hf_posenc.pipeline.evaluation import degenerate_output, translate
+from hf_posenc.pipeline.evaluation import (
+    COLLAPSED_ENCODER,
+    degenerate_output,
+    encoder_token_cosine,
+    translate,
+)
 from hf_posenc.pipeline.tokenization import train_joint_bpe
 
 GOOD_RUN = [f"{n} Männer fahren Fahrrad." for n in range(120)]
@@ -104,3 +111,32 @@ def test_bf16_is_blamed_only_when_too_few_updates_ran():
         [""] * 200, bleu=0.0, position_encoding="learned", updates=2000, precision="bf16"
     )
     assert any("bf16" in reason for reason in few) and not any("bf16" in reason for reason in many)
+
+
+def test_encoder_token_cosine_ignores_padding_and_sees_a_collapsed_encoder(model_and_tokenizer):
+    """Seen in a real run (sinusoidal+concat, seed 1): every encoder output of a sentence nearly the same vector
+    (0.997 over the test set; the working sinusoidal and none runs 0.09 and 0.13), so the decoder ignored the
+    source."""
+    model, tokenizer = model_and_tokenizer
+    pairs, total = 0, 0.0  # each sentence alone, no padding: its own pairs of distinct tokens
+    for sentence in SOURCES:
+        n = len(tokenizer(sentence)["input_ids"])
+        total += encoder_token_cosine(model, tokenizer, [sentence]) * n * (n - 1)
+        pairs += n * (n - 1)
+    working = encoder_token_cosine(model, tokenizer, SOURCES)
+    assert working == pytest.approx(total / pairs, abs=1e-5) and working < COLLAPSED_ENCODER
+    collapsed = copy.deepcopy(model)
+    norm = collapsed.get_encoder().layers[-1].final_layer_norm
+    torch.nn.init.zeros_(norm.weight), torch.nn.init.ones_(norm.bias)  # every output the same vector
+    assert encoder_token_cosine(collapsed, tokenizer, SOURCES) == pytest.approx(1.0)
+    with pytest.raises(ValueError, match="two or more tokens"):
+        encoder_token_cosine(model, tokenizer, [""])
+
+
+def test_a_collapsed_encoder_is_named_as_the_cause():
+    reasons = degenerate_output(GOOD_RUN, bleu=3.2, position_encoding="sinusoidal", encoder_cosine=0.99999)
+    assert reasons[0].startswith(
+        "the encoder gives every token of a sentence nearly the same vector (mean cosine 1.0000"
+    )
+    assert any("encoder collapsed" in reason and "--warmup_steps" in reason for reason in reasons[1:])
+    assert degenerate_output(GOOD_RUN, bleu=34.6, position_encoding="sinusoidal", encoder_cosine=0.25) == []

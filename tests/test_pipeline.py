@@ -313,6 +313,11 @@ def test_train_short_keeps_only_short_pairs_and_concatenation_joins_them_afterwa
     assert len(short.test) == 3  # the test set is not filtered
     joined = train.prepare_data(train.parse_args([*flags, "--concat_probability", "1.0"]))
     assert len(joined.train) < len(short.train) and max(joined.train["length"]) > 14
+    assert len(joined.train) == (len(short.train) + 1) // 2  # groups of two by default
+    fours = train.prepare_data(
+        train.parse_args([*flags, "--concat_probability", "1.0", "--concat_group_sizes", "4"])
+    )
+    assert len(fours.train) == (len(short.train) + 3) // 4
 
 
 def test_the_run_folder_is_named_after_the_recipe_and_module_unless_given():

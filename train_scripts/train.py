@@ -51,7 +51,12 @@ from hf_posenc.pipeline.averaging import average_into, list_checkpoints, select_
 from hf_posenc.pipeline.batching import TokenBudgetBatchSampler
 from hf_posenc.pipeline.cli import run_cli
 from hf_posenc.pipeline.data import ParallelText, read_hf_translation, read_parallel, read_split
-from hf_posenc.pipeline.evaluation import degenerate_output, score_translations, translate
+from hf_posenc.pipeline.evaluation import (
+    degenerate_output,
+    encoder_token_cosine,
+    score_translations,
+    translate,
+)
 from hf_posenc.pipeline.hardware import (
     choose_attention_backend,
     choose_precision,
@@ -126,6 +131,12 @@ class DataArguments:
     concat_probability: float = field(
         default=0.0,
         metadata={"help": "concatenation augmentation (Varis & Bojar 2021): share of joined pairs"},
+    )
+    concat_group_sizes: list[int] | None = field(
+        default=None,
+        metadata={
+            "help": "pairs per joined example, drawn uniformly from these (concatenate_consecutive's default: 2)"
+        },
     )
     max_tokens: int | None = field(
         default=None,
@@ -278,6 +289,15 @@ def check_arguments(parser, args: Arguments, recipe_overrides: dict) -> None:
         parser.error("no training budget: set --minutes, --max_steps or a positive --num_train_epochs")
     if not 0.0 <= data.concat_probability <= 1.0:
         parser.error(f"--concat_probability={data.concat_probability} must be in [0, 1]")
+    if data.concat_group_sizes is not None:
+        if not data.concat_probability:
+            parser.error(
+                "--concat_group_sizes needs --concat_probability above 0 (no example is joined without it)"
+            )
+        if any(size < 2 for size in data.concat_group_sizes):
+            parser.error(
+                f"--concat_group_sizes={data.concat_group_sizes}: each must be at least 2 (pairs joined)"
+            )
     try:
         overrides = json.loads(model.config_overrides)
     except json.JSONDecodeError as error:
@@ -352,7 +372,10 @@ def prepare_data(args: Arguments) -> PreparedData:
     if data.max_train_length:
         train_text = shorter_pairs(tokenizer, train_text, data.max_train_length)
     if data.concat_probability:  # after the length filter: joined examples may exceed it, that is their point
-        train_text = concatenate_consecutive(train_text, data.concat_probability, seed=args.training.seed)
+        sizes = {"group_sizes": data.concat_group_sizes} if data.concat_group_sizes else {}
+        train_text = concatenate_consecutive(
+            train_text, data.concat_probability, seed=args.training.seed, **sizes
+        )
         logger.info(
             "concatenation augmentation (p=%s): %d training examples",
             data.concat_probability,
@@ -607,7 +630,8 @@ def evaluate(
     )
     degenerate = degenerate_output(hypotheses, scores["bleu"], encoding, updates=report.steps,
                                    warmup_steps=args.training.warmup_steps, precision=precision.precision,
-                                   device=args.training.device.type)  # fmt: skip
+                                   device=args.training.device.type,
+                                   encoder_cosine=encoder_token_cosine(model, data.tokenizer, data.test.source))  # fmt: skip
     for reason in degenerate:
         logger.warning("DEGENERATE OUTPUT: %s", reason)
     return Evaluation(hypotheses, scores, seconds, averaged, degenerate)

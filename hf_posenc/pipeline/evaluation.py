@@ -17,6 +17,9 @@ from .progress import LOG_EVERY_SECONDS, MIN_UPDATES, ProgressReport
 
 SIGNIFICANCE_LEVELS = (0.05, 0.10)
 SMALL_TEST_SET = 100  # sentences: below this, corpus BLEU says little
+# Mean cosine between a sentence's encoder outputs at which the encoder counts as collapsed (measured: 0.09 and
+# 0.13 in working runs, 0.997 in a collapsed one).
+COLLAPSED_ENCODER = 0.99
 
 
 @torch.no_grad()
@@ -58,6 +61,24 @@ def translate(
     return outputs
 
 
+@torch.no_grad()
+def encoder_token_cosine(model, tokenizer, sentences: list[str], batch_size: int = 64) -> float:
+    """Mean cosine similarity between the final encoder outputs of different tokens of the same sentence,
+    over the first `batch_size` sentences with two or more tokens. Near 1, the encoder gives every token the
+    same vector (rank collapse: every query attends to one token), and the decoder cannot see the source."""
+    model.eval()
+    sentences = [s for s in sentences if len(tokenizer(s)["input_ids"]) > 1][:batch_size]
+    if not sentences:
+        raise ValueError("encoder_token_cosine needs a sentence of two or more tokens")
+    batch = tokenizer(sentences, return_tensors="pt", padding=True).to(model.device)
+    states = torch.nn.functional.normalize(model.get_encoder()(**batch).last_hidden_state.float(), dim=-1)
+    mask = batch["attention_mask"].float()  # (B, S)
+    cosines = states @ states.transpose(1, 2)  # (B, S, S)
+    distinct = 1 - torch.eye(mask.shape[1], device=mask.device)  # (S, S)
+    pairs = mask[:, :, None] * mask[:, None, :] * distinct  # (B, S, S)
+    return float((cosines * pairs).sum() / pairs.sum())
+
+
 def degenerate_output(
     hypotheses: list[str],
     bleu: float,
@@ -68,6 +89,7 @@ def degenerate_output(
     precision: str | None = None,
     device: str = "cpu",
     min_updates: int = MIN_UPDATES,
+    encoder_cosine: float | None = None,
 ) -> list[str]:
     """Why a finished run's translations look like garbage, as sentences for logs and scores.json; [] when
     they do not.
@@ -75,9 +97,10 @@ def degenerate_output(
     Fires when more than half the hypotheses are empty; when BLEU is below 1 for a model with a position
     encoding (without one, a bag-of-words model may legitimately score that low); or when, on a test set of at
     least `SMALL_TEST_SET` sentences, fewer than half the translations are distinct (a model that ignores its
-    source repeats a few target-language sentences, which can still score a few BLEU). The returned list names
-    the symptoms, then the likely causes; the optional facts of the run (`updates` trained, `warmup_steps`,
-    `precision`) make the causes specific.
+    source repeats a few target-language sentences, which can still score a few BLEU); or when `encoder_cosine`
+    (`encoder_token_cosine` of the model) reaches `COLLAPSED_ENCODER`. The returned list names the symptoms,
+    then the likely causes; the optional facts of the run (`updates` trained, `warmup_steps`, `precision`)
+    make the causes specific.
     """
     empty = sum(not hypothesis.strip() for hypothesis in hypotheses)
     distinct = len({hypothesis.strip() for hypothesis in hypotheses if hypothesis.strip()})
@@ -94,10 +117,22 @@ def degenerate_output(
             f"only {distinct} distinct translations of {len(hypotheses)} test sentences: the output hardly "
             "depends on the source"
         )
+    collapsed = encoder_cosine is not None and encoder_cosine >= COLLAPSED_ENCODER
+    if collapsed:
+        symptoms.append(
+            f"the encoder gives every token of a sentence nearly the same vector (mean cosine {encoder_cosine:.4f} "
+            f"between a sentence's encoder outputs; {COLLAPSED_ENCODER} or more is a collapse)"
+        )
     if not symptoms:
         return []
     causes = []
-    if repeated:
+    if collapsed:
+        causes.append(
+            "the encoder collapsed in training (its self-attention sends every query to one token, so the "
+            "decoder cannot see the source): train again with another --seed, a lower --learning_rate or a "
+            "longer --warmup_steps"
+        )
+    elif repeated:
         causes.append(
             "training settled on a target-language model that ignores the source (the training loss stays well "
             "above a working run's): train again with another --seed or a lower --learning_rate"
