@@ -27,6 +27,8 @@ def test_every_system_is_a_valid_training_command(system):
     config = train.model_config(train_args, 100, 0, 1)
     for field, value in compare.SYSTEMS[system].overrides.items():
         assert getattr(config, field) == value
+    for field, value in compare.SYSTEMS[system].training.items():  # training options: train.py's data fields
+        assert getattr(train_args.data, field) == value
 
 
 def test_every_table_holds_the_baseline_and_claims_name_known_systems():

@@ -193,7 +193,11 @@ def train_arguments(run: Run, args) -> list[str]:
     """train.py's arguments for a run that decide its results (output folder, threads and precision are added
     by `execute`: a run's precision is recorded in its scores, and runs of earlier machines are kept)."""
     system = SYSTEMS[run.system]
-    training = [argument for name, value in system.training.items() for argument in (f"--{name}", str(value))]
+    training = [
+        argument
+        for name, value in system.training.items()
+        for argument in (f"--{name}", *map(str, value if isinstance(value, list | tuple) else [value]))
+    ]
     budget = ["--max_steps", str(args.max_steps)] if args.max_steps else []
     budget += ["--test_limit", str(args.test_limit)] if args.test_limit else []
     return [

@@ -31,7 +31,8 @@ TABLE_TITLES = {
 
 # Rows of training options rather than modules (Kiyono et al. 2021's SHAPE with K = 100, enough to move
 # Multi30k's training lengths over the joined test inputs while a 256-position table holds L + K; Varis &
-# Bojar 2021's concatenation, half the training examples two joined pairs), as (overrides, training fields).
+# Bojar 2021's concatenation, half the training examples two joined pairs, or 2-4 pairs so that training
+# lengths reach the k = 4 joined test inputs), as (overrides, training fields).
 TRAINING_OPTION_ROWS = {
     "length": {
         "sinusoidal+shape": ({"shape_max_shift": 100}, {}),
@@ -44,6 +45,7 @@ TRAINING_OPTION_ROWS = {
             {},
         ),
         "sinusoidal+concat": ({}, {"concat_probability": 0.5}),
+        "sinusoidal+concat4": ({}, {"concat_probability": 0.5, "concat_group_sizes": [2, 3, 4]}),
     }
 }
 
