@@ -18,6 +18,7 @@ from hf_posenc.analysis.length_generalisation import (
     bucket_label,
     bucket_of,
     comparison_table,
+    count_sentence_ends,
     join_consecutive,
     length_generalisation,
     length_generalisation_for_model_dir,
@@ -25,6 +26,7 @@ from hf_posenc.analysis.length_generalisation import (
     measure_length_generalisation,
     plot_length_generalisation,
     results_table,
+    sentence_ends,
 )
 from hf_posenc.base import PositionLimitError
 from hf_posenc.pipeline.augmentation import concatenate_consecutive
@@ -326,3 +328,32 @@ def test_augmentation_rejects_bad_arguments_naming_them():
     for sizes in ([], [1], [2, 1], [2.0]):
         with pytest.raises(ValueError, match=r"group_sizes=.*whole numbers >= 2"):
             concatenate_consecutive(text, 0.5, sizes)
+
+
+def test_sentence_ends_show_a_translator_that_writes_one_sentence_per_input():
+    """The failure seen in every comparison run at k = 4: one sentence written for four joined ones."""
+    assert [
+        count_sentence_ends(text) for text in ("Ein Hund läuft. Eine Frau liest!", "3.5 m hoch.", "", "ja")
+    ] == [
+        2,
+        1,
+        0,
+        0,
+    ]
+    assert count_sentence_ends("一只狗在跑。一个女人在读书。") == 2
+    sentences = [f"{WORDS[i]} {WORDS[i + 1]}." for i in range(8)]
+
+    def first_sentence(batch):
+        return [text.split(". ")[0].rstrip(".") + "." for text in batch]
+
+    result = measure_length_generalisation(
+        first_sentence, word_count_plus_eos, sentences, sentences, k=[1, 2, 4]
+    )
+    joined = {row["k"]: row for row in result["joined"]}
+    assert [(joined[k]["hyp_sentence_ends"], joined[k]["ref_sentence_ends"]) for k in (1, 2, 4)] == [
+        (8, 8),
+        (4, 8),
+        (2, 8),
+    ]
+    assert "| k=4 joined | 2 | " in results_table(result) and results_table(result).count("1.00 / 4.00") == 1
+    assert sentence_ends({"inputs": 3, "hyp_sentence_ends": None}) == "–"  # results from before the count

@@ -50,6 +50,7 @@ from hf_posenc.analysis.length_generalisation import (
     comparison_table,
     length_generalisation_for_model_dir,
     plot_length_generalisation,
+    sentence_ends,
 )
 from hf_posenc.analysis.position_plots import plot_learned_positions
 from hf_posenc.analysis.word_order_probe import word_order_probe
@@ -602,6 +603,14 @@ class Report:
             if system not in degenerate and (share_ratio := kept_at(result, 4)) is not None
         ]
         kept.sort(reverse=True)
+        rows_at_4 = {
+            system: {row["k"]: row for row in result["joined"]}.get(4) for system, result in results.items()
+        }
+        ends = [
+            f"`{s}` {sentence_ends(row)}"
+            for s, row in rows_at_4.items()
+            if row and row.get("hyp_sentence_ends") is not None
+        ]
         meeting = [
             f"`{s}` ({100 * share:.0f}%, ratio {ratio:.2f})"
             for share, ratio, s in kept
@@ -616,7 +625,12 @@ class Report:
             + ", ".join(f"`{s}` {100 * share:.0f}% (ratio {ratio:.2f})" for share, ratio, s in kept[:8])
             + ". Target (≥ 70% kept and length ratio ≥ 0.9 at k = 4): "
             + (", ".join(meeting) if meeting else "met by no system")
-            + ".",
+            + "."
+            + (
+                f" Sentence ends per input at k = 4 (hypotheses / references): {', '.join(ends)}."
+                if ends
+                else ""
+            ),
             "",
             comparison_table(results),
             "",

@@ -11,9 +11,11 @@ Two measurements over one line-aligned test set (sources, references):
   1-10, 11-20, 21-30, 31-40 and >40 tokens.
 
 Every row reports sacreBLEU BLEU and chrF++ (`score_translations`), the hypothesis/reference length ratio
-(sacreBLEU's sys_len / ref_len: below 1 the model stops early), the mean source length in tokens and the
-number of inputs. A sinusoidal Multi30k model fails this way: BLEU 14.8, 7.7, 3.3, 0.9 and length ratio 0.89,
-0.78, 0.57, 0.32 for k = 1, 2, 4, 8; the harness shows which modules avoid it.
+(sacreBLEU's sys_len / ref_len: below 1 the model stops early), the sentence ends in the hypotheses and in the
+references (`count_sentence_ends`: with k sentences joined, a model that writes one sentence per input shows
+it here), the mean source length in tokens and the number of inputs. The comparison's sinusoidal Multi30k
+model fails this way: BLEU 35.5, 17.9, 6.8, 1.1 and length ratio 0.97, 0.71, 0.48, 0.26 for k = 1, 2, 4, 8,
+one sentence written for four at k = 4 (docs/length.md); the harness shows which modules avoid it.
 
 Decoding goes through `hf_posenc.pipeline.evaluation.translate` with the model's saved generation config
 (beam 4, length penalty 0.6, up to source length + 50 new tokens, so the budget grows with the input). The
@@ -32,6 +34,7 @@ positions needed, the table size and the module; any other error propagates.
 import argparse
 import hashlib
 import json
+import re
 import statistics
 import time
 from collections.abc import Callable, Sequence
@@ -49,7 +52,17 @@ DEFAULT_K = (1, 2, 4, 8)
 DEFAULT_BUCKET_EDGES = (10, 20, 30, 40)
 CACHE_NAME = "length_generalisation.json"
 SERIES = ("joined", "buckets")
-SCORE_KEYS = ("bleu", "chrf++", "length_ratio", "hyp_len", "ref_len")
+SCORE_KEYS = (
+    "bleu",
+    "chrf++",
+    "length_ratio",
+    "hyp_len",
+    "ref_len",
+    "hyp_sentence_ends",
+    "ref_sentence_ends",
+)
+# A full stop, question or exclamation mark before a space or the end of the text, or a CJK one anywhere.
+SENTENCE_END = re.compile(r"[.!?](?=\s|$)|[。！？]")
 
 Translator = Callable[[list[str]], list[str]]  # sources -> hypotheses, in order
 LengthCounter = Callable[[list[str]], list[int]]  # sources -> source lengths in tokens
@@ -106,8 +119,14 @@ def bucket_of(length: int, edges: Sequence[int]) -> int:
     return sum(length > edge for edge in edges)
 
 
+def count_sentence_ends(text: str) -> int:
+    """Sentence-final punctuation marks (`SENTENCE_END`) in `text`; decimal points and inner dots do not count."""
+    return len(SENTENCE_END.findall(text))
+
+
 def score_row(hypotheses: list[str], references: list[str]) -> dict:
-    """BLEU, chrF++ and sacreBLEU's hypothesis/reference length ratio of one set of translations."""
+    """BLEU, chrF++, sacreBLEU's hypothesis/reference length ratio and the sentence ends on each side of one set
+    of translations."""
     scores = score_translations(hypotheses, references)
     bleu = BLEU().corpus_score(hypotheses, [references])
     return {
@@ -116,6 +135,8 @@ def score_row(hypotheses: list[str], references: list[str]) -> dict:
         "length_ratio": round(bleu.sys_len / bleu.ref_len, 3) if bleu.ref_len else None,
         "hyp_len": bleu.sys_len,
         "ref_len": bleu.ref_len,
+        "hyp_sentence_ends": sum(map(count_sentence_ends, hypotheses)),
+        "ref_sentence_ends": sum(map(count_sentence_ends, references)),
         "signatures": {"bleu": scores["bleu_signature"], "chrf++": scores["chrf++_signature"]},
     }
 
@@ -306,20 +327,41 @@ def comparison_table(results: dict[str, dict], series: str = "joined") -> str:
     return "\n".join(lines)
 
 
+def sentence_ends(row: dict) -> str:
+    """ "hypotheses / references" sentence ends per input of a scored row ("–" in results from before they were
+    counted)."""
+    if row.get("hyp_sentence_ends") is None:
+        return "–"
+    return f"{row['hyp_sentence_ends'] / row['inputs']:.2f} / {row['ref_sentence_ends'] / row['inputs']:.2f}"
+
+
 def results_table(result: dict) -> str:
     """Markdown: one row per k and per bucket of one model's results."""
-    header = ["test set", "inputs", "mean source tokens", "BLEU", "chrF++", "length ratio"]
+    header = [
+        "test set",
+        "inputs",
+        "mean source tokens",
+        "BLEU",
+        "chrF++",
+        "length ratio",
+        "sentence ends per input",
+    ]
     lines = ["| " + " | ".join(header) + " |", "|" + " --- |" * len(header)]
     labelled = [(f"k={row['k']} joined", row) for row in result["joined"]]
     labelled += [(f"{row['bucket']} tokens", row) for row in result["buckets"]]
     for label, row in labelled:
         mean = "–" if row["mean_source_tokens"] is None else f"{row['mean_source_tokens']:.1f}"
         if row["cannot"] is not None:
-            scores = [cannot_description(row["cannot"]), "–", "–"]
+            scores = [cannot_description(row["cannot"]), "–", "–", "–"]
         elif row["bleu"] is None:
-            scores = ["–"] * 3
+            scores = ["–"] * 4
         else:
-            scores = [f"{row['bleu']:.2f}", f"{row['chrf++']:.2f}", f"{row['length_ratio']:.3f}"]
+            scores = [
+                f"{row['bleu']:.2f}",
+                f"{row['chrf++']:.2f}",
+                f"{row['length_ratio']:.3f}",
+                sentence_ends(row),
+            ]
         lines.append("| " + " | ".join([label, str(row["inputs"]), mean, *scores]) + " |")
     return "\n".join(lines)
 
