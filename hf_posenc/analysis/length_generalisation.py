@@ -328,8 +328,8 @@ def comparison_table(results: dict[str, dict], series: str = "joined") -> str:
 
 
 def sentence_ends(row: dict) -> str:
-    """ "hypotheses / references" sentence ends per input of a scored row ("–" in results from before they were
-    counted)."""
+    """Sentence ends per input of a scored row, as hypotheses / references ("–" in results from before they
+    were counted)."""
     if row.get("hyp_sentence_ends") is None:
         return "–"
     return f"{row['hyp_sentence_ends'] / row['inputs']:.2f} / {row['ref_sentence_ends'] / row['inputs']:.2f}"
