@@ -134,9 +134,11 @@ def test_encoder_token_cosine_ignores_padding_and_sees_a_collapsed_encoder(model
 
 
 def test_a_collapsed_encoder_is_named_as_the_cause():
+    """Finished comparison runs: 0.997 and 0.914 where the decoder ignored the source, 0.09-0.14 working."""
     reasons = degenerate_output(GOOD_RUN, bleu=3.2, position_encoding="sinusoidal", encoder_cosine=0.99999)
     assert reasons[0].startswith(
         "the encoder gives every token of a sentence nearly the same vector (mean cosine 1.0000"
     )
     assert any("encoder collapsed" in reason and "--warmup_steps" in reason for reason in reasons[1:])
-    assert degenerate_output(GOOD_RUN, bleu=34.6, position_encoding="sinusoidal", encoder_cosine=0.25) == []
+    assert degenerate_output(GOOD_RUN, bleu=5.4, position_encoding="sinusoidal", encoder_cosine=0.914) != []
+    assert degenerate_output(GOOD_RUN, bleu=34.6, position_encoding="sinusoidal", encoder_cosine=0.14) == []
