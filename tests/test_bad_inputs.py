@@ -52,7 +52,7 @@ BAD_FLAGS = [
     (["--concat_probability", "1.5"], ["--concat_probability=1.5 must be in [0, 1]"]),
     (
         ["--concat_probability", "0.5", "--concat_group_sizes", "2", "1"],
-        ["--concat_group_sizes=[2, 1]", "at least 2"],
+        ["--concat_group_sizes=[2, 1]", "whole numbers >= 2"],
     ),
     (["--concat_group_sizes", "3"], ["--concat_group_sizes needs --concat_probability"]),
     (["--recipe", "wmt15"], ["unknown recipe 'wmt15'; available:"]),

@@ -43,7 +43,7 @@ import transformers
 from train import load_recipe, recipe_names
 from transformers import AutoModelForSeq2SeqLM
 
-import hf_posenc  # noqa: F401  (registers the Auto classes)
+from hf_posenc import MarianPosEncConfig  # importing hf_posenc registers the Auto classes
 from hf_posenc.analysis.length_generalisation import (
     DEFAULT_K,
     cannot_cell,
@@ -332,11 +332,15 @@ CLAIMS = [
 ]
 
 
+def joined_at(result: dict, k: int) -> dict | None:
+    """The row of one length result with k sentences joined, or None where k was not measured."""
+    return next((row for row in result["joined"] if row["k"] == k), None)
+
+
 def kept_at(result: dict, k: int) -> tuple[float, float] | None:
     """(share of the k = 1 BLEU kept with k sentences joined, length ratio there) of one length result, or None
     where either row has no score (not measured, or more positions than the model holds)."""
-    rows = {row["k"]: row for row in result["joined"]}
-    first, joined = rows.get(1), rows.get(k)
+    first, joined = joined_at(result, 1), joined_at(result, k)
     if not first or not first["bleu"] or not joined or joined["bleu"] is None:
         return None
     return joined["bleu"] / first["bleu"], joined["length_ratio"]
@@ -402,7 +406,9 @@ class Report:
 
     def degenerate(self, run: Run) -> list[str]:
         """The symptoms of garbage output (`degenerate_output`), recomputed from the run's translations."""
-        encoding = SYSTEMS[run.system].overrides.get("encoder_position_encoding", "sinusoidal")
+        encoding = SYSTEMS[run.system].overrides.get(
+            "encoder_position_encoding", MarianPosEncConfig().encoder_position_encoding
+        )
         reasons = degenerate_output(self.hypotheses(run), self.read(run, "scores.json")["bleu"], encoding)
         return [reason for reason in reasons if not reason.startswith("likely cause")]
 
@@ -495,7 +501,7 @@ class Report:
         bleu = [self.read(run, "scores.json")["bleu"] for run in runs]
         degenerate = sum(bool(self.degenerate(run)) for run in runs)
         result = self.read(runs[0], "length_generalisation.json")
-        fourth = {row["k"]: row for row in result["joined"]}.get(4)
+        fourth = joined_at(result, 4)
         if fourth is not None and fourth["cannot"] is not None:
             length = f"k = 4: {cannot_cell(fourth['cannot'])}"
         elif (kept := kept_at(result, 4)) is None:
@@ -603,13 +609,10 @@ class Report:
             if system not in degenerate and (share_ratio := kept_at(result, 4)) is not None
         ]
         kept.sort(reverse=True)
-        rows_at_4 = {
-            system: {row["k"]: row for row in result["joined"]}.get(4) for system, result in results.items()
-        }
         ends = [
             f"`{s}` {sentence_ends(row)}"
-            for s, row in rows_at_4.items()
-            if row and row.get("hyp_sentence_ends") is not None
+            for s, result in results.items()
+            if (row := joined_at(result, 4)) and row.get("hyp_sentence_ends") is not None
         ]
         meeting = [
             f"`{s}` ({100 * share:.0f}%, ratio {ratio:.2f})"

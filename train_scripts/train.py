@@ -46,7 +46,7 @@ from transformers.trainer_callback import ProgressCallback
 
 from hf_posenc import MarianPosEncConfig, MarianPosEncForConditionalGeneration
 from hf_posenc.modeling_marian_posenc import MAX_NEW_TOKENS_OVER_SOURCE, PAPER_1_DECODING
-from hf_posenc.pipeline.augmentation import concatenate_consecutive
+from hf_posenc.pipeline.augmentation import check_augmentation, concatenate_consecutive
 from hf_posenc.pipeline.averaging import average_into, list_checkpoints, select_checkpoints
 from hf_posenc.pipeline.batching import TokenBudgetBatchSampler
 from hf_posenc.pipeline.cli import run_cli
@@ -294,10 +294,10 @@ def check_arguments(parser, args: Arguments, recipe_overrides: dict) -> None:
             parser.error(
                 "--concat_group_sizes needs --concat_probability above 0 (no example is joined without it)"
             )
-        if any(size < 2 for size in data.concat_group_sizes):
-            parser.error(
-                f"--concat_group_sizes={data.concat_group_sizes}: each must be at least 2 (pairs joined)"
-            )
+        try:
+            check_augmentation(data.concat_probability, data.concat_group_sizes)
+        except ValueError as error:  # names the value: "group_sizes=[2, 1]: expected ..."
+            parser.error(f"--concat_{error}")
     try:
         overrides = json.loads(model.config_overrides)
     except json.JSONDecodeError as error:

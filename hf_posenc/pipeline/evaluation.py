@@ -63,19 +63,18 @@ def translate(
 
 @torch.no_grad()
 def encoder_token_cosine(model, tokenizer, sentences: list[str], batch_size: int = 64) -> float:
-    """Mean cosine similarity between the final encoder outputs of different tokens of the same sentence,
-    over the first `batch_size` sentences with two or more tokens. Near 1, the encoder gives every token the
-    same vector (rank collapse: every query attends to one token), and the decoder cannot see the source."""
+    """Mean cosine similarity between the final encoder outputs of different tokens of the same sentence, over
+    the first `batch_size` sentences. Near 1, the encoder gives every token the same vector (rank collapse:
+    every query attends to one token), and the decoder cannot see the source."""
     model.eval()
-    sentences = [s for s in sentences if len(tokenizer(s)["input_ids"]) > 1][:batch_size]
-    if not sentences:
-        raise ValueError("encoder_token_cosine needs a sentence of two or more tokens")
-    batch = tokenizer(sentences, return_tensors="pt", padding=True).to(model.device)
+    batch = tokenizer(sentences[:batch_size], return_tensors="pt", padding=True).to(model.device)
     states = torch.nn.functional.normalize(model.get_encoder()(**batch).last_hidden_state.float(), dim=-1)
     mask = batch["attention_mask"].float()  # (B, S)
     cosines = states @ states.transpose(1, 2)  # (B, S, S)
     distinct = 1 - torch.eye(mask.shape[1], device=mask.device)  # (S, S)
     pairs = mask[:, :, None] * mask[:, None, :] * distinct  # (B, S, S)
+    if not pairs.any():
+        raise ValueError("encoder_token_cosine needs a sentence of two or more tokens")
     return float((cosines * pairs).sum() / pairs.sum())
 
 
