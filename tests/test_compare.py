@@ -5,6 +5,7 @@ generalisation, claims, probe) and resumes, and verdicts need seed noise as well
 import gzip
 import json
 import logging
+import shutil
 import sys
 
 import pytest
@@ -131,7 +132,8 @@ def test_readme_length_cell_reads_k4_share_ratio_and_cannot(tmp_path):
     }  # fmt: skip
     for system, joined in rows.items():
         for seed, bleu in ((1, 30.0), (2, 31.0)):
-            folder = compare.Run(args.recipe, "en-de", system, seed).folder(tmp_path)
+            run = compare.Run(args.recipe, "en-de", system, seed)
+            folder = run.folder(tmp_path)
             folder.mkdir(parents=True)
             (folder / "scores.json").write_text(json.dumps({"bleu": bleu}))
             (folder / "length_generalisation.json").write_text(json.dumps({"joined": joined}))
@@ -142,8 +144,15 @@ def test_readme_length_cell_reads_k4_share_ratio_and_cannot(tmp_path):
                 else [f"Satz {i}." for i in range(120)]
             )
             (folder / "test.hyp.de.gz").write_bytes(gzip.compress("\n".join(lines).encode() + b"\n"))
-            (folder / "settings.json").write_text("{}")
+            (folder / "settings.json").write_text(json.dumps(compare.run_settings(run, args)))
+    stale = compare.Run(args.recipe, "en-de", "alibi", 1)  # a run of another protocol (another recipe)
+    shutil.copytree(
+        compare.Run(args.recipe, "en-de", "sinusoidal", 1).folder(tmp_path), stale.folder(tmp_path)
+    )
+    settings = {**compare.run_settings(stale, args), "recipe": {"warmup_steps": 1}}
+    (stale.folder(tmp_path) / "settings.json").write_text(json.dumps(settings))
     report = compare.Report(args)
+    assert report.module_cells("en-de", "alibi") == ("not run yet", "not run yet") and report.stale
     assert report.module_cells("en-de", "sinusoidal") == (
         "30.50 ± 0.71 (2 seeds)", "k = 4: 40% of k = 1 BLEU, length ratio 0.61"
     )  # fmt: skip

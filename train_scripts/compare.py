@@ -393,10 +393,20 @@ class Report:
         self.docs.mkdir(parents=True, exist_ok=True)
         self.lines: list[str] = []
         self.bootstraps: dict[tuple[Run, Run], dict] = {}
+        self.stale: list[Run] = []
 
     def runs_of(self, pair: str, system: str) -> list[Run]:
+        """The finished runs made with this report's settings; a run of another protocol (a changed recipe or
+        training option) is left out with a warning, so that no table mixes protocols."""
         runs = [Run(self.args.recipe, pair, system, seed) for seed in self.args.seeds]
-        return [run for run in runs if (run.folder(self.root) / "settings.json").is_file()]
+        finished = [run for run in runs if (run.folder(self.root) / "settings.json").is_file()]
+        for run in finished:
+            if not done(run, self.args) and run not in self.stale:
+                self.stale.append(run)
+                logger.warning(
+                    "%s: left out, made with other settings than these (see its settings.json)", run.label()
+                )
+        return [run for run in finished if run not in self.stale]
 
     def read(self, run: Run, name: str) -> dict:
         return json.loads((run.folder(self.root) / name).read_text())
