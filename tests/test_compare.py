@@ -135,7 +135,8 @@ def test_readme_length_cell_reads_k4_share_ratio_and_cannot(tmp_path):
             run = compare.Run(args.recipe, "en-de", system, seed)
             folder = run.folder(tmp_path)
             folder.mkdir(parents=True)
-            (folder / "scores.json").write_text(json.dumps({"bleu": bleu}))
+            machine = {"hardware": {"line": "a test machine"}, "precision": "fp32"}
+            (folder / "scores.json").write_text(json.dumps({"bleu": bleu, **machine}))
             (folder / "length_generalisation.json").write_text(json.dumps({"joined": joined}))
             # 120 distinct translations; learned's second seed repeats one sentence (a degenerate run)
             lines = (
@@ -161,6 +162,7 @@ def test_readme_length_cell_reads_k4_share_ratio_and_cannot(tmp_path):
         "k = 4: cannot (>128 pos.)",
     )
     assert report.module_cells("en-de", "shaw") == ("not run yet", "not run yet")
+    assert "1-sentence BLEU kept: `sinusoidal` 40% (length ratio 0.61)." in report.summary("en-de")[0]
     assert report.comparison("en-de", "learned", "shaw", [])[-1] == "no shaw run of these seeds"
 
 
