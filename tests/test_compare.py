@@ -129,6 +129,7 @@ def test_readme_length_cell_reads_k4_share_ratio_and_cannot(tmp_path):
     rows = {
         "sinusoidal": [{"k": 1, "bleu": 30.0, "cannot": None}, {"k": 4, "bleu": 12.0, "length_ratio": 0.61, "cannot": None}],
         "learned": [{"k": 1, "bleu": 28.0, "cannot": None}, {"k": 4, "bleu": None, "cannot": {"max_positions": 128}}],
+        "sinusoidal+concat4": [{"k": 1, "bleu": 29.0, "cannot": None}, {"k": 4, "bleu": 29.0, "length_ratio": 1.0, "cannot": None}],
     }  # fmt: skip
     for system, joined in rows.items():
         for seed, bleu in ((1, 30.0), (2, 31.0)):
@@ -162,7 +163,15 @@ def test_readme_length_cell_reads_k4_share_ratio_and_cannot(tmp_path):
         "k = 4: cannot (>128 pos.)",
     )
     assert report.module_cells("en-de", "shaw") == ("not run yet", "not run yet")
-    assert "1-sentence BLEU kept: `sinusoidal` 40% (length ratio 0.61)." in report.summary("en-de")[0]
+    summary = report.summary("en-de")[0]  # a length-table row leads the length results, not the BLEU ones
+    assert (
+        f"2 of {len(compare.TABLES['main'])} main-table systems measured" in summary
+        and "best `sinusoidal` 30.50" in summary
+    )
+    assert (
+        "kept: `sinusoidal+concat4` 100% (length ratio 1.00), `sinusoidal` 40% (length ratio 0.61)."
+        in summary
+    )
     assert report.comparison("en-de", "learned", "shaw", [])[-1] == "no shaw run of these seeds"
 
 

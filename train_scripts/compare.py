@@ -538,8 +538,8 @@ class Report:
         length = ""
         kept = {system: (share, ratio) for share, ratio, system in self.kept_at_4(pair)}
         if kept:
-            best = next(iter(kept))  # kept_at_4 sorts best first
-            shown = [best] if best == BASELINE or BASELINE not in kept else [best, BASELINE]
+            longest = next(iter(kept))  # kept_at_4 sorts best first
+            shown = [longest] if longest == BASELINE or BASELINE not in kept else [longest, BASELINE]
             cells = [f"`{s}` {100 * kept[s][0]:.0f}% (length ratio {kept[s][1]:.2f})" for s in shown]
             length = (
                 f" Inputs of 4 test sentences joined (first seed), 1-sentence BLEU kept: {', '.join(cells)}."
