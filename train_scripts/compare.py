@@ -404,7 +404,8 @@ class Report:
             if not done(run, self.args) and run not in self.stale:
                 self.stale.append(run)
                 logger.warning(
-                    "%s: left out, made with other settings than these (see its settings.json)", run.label()
+                    "%s: left out, made with settings other than this report's (see its settings.json)",
+                    run.label(),
                 )
         return [run for run in finished if run not in self.stale]
 
