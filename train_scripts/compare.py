@@ -346,6 +346,17 @@ def kept_at(result: dict, k: int) -> tuple[float, float] | None:
     return joined["bleu"] / first["bleu"], joined["length_ratio"]
 
 
+def kept_at_4(measured: dict[str, dict], degenerate: set[str]) -> list[tuple[float, float, str]]:
+    """(share of the k = 1 BLEU kept at k = 4, length ratio there, system) of every length result
+    (`Report.length_results`) whose run is not degenerate, best first."""
+    kept = [
+        (*share_ratio, system)
+        for system, result in measured.items()
+        if system not in degenerate and (share_ratio := kept_at(result, 4)) is not None
+    ]
+    return sorted(kept, reverse=True)
+
+
 def mean_sd(values: list[float]) -> str:
     if len(values) < 2:
         return f"{values[0]:.2f}"
@@ -393,21 +404,21 @@ class Report:
         self.docs.mkdir(parents=True, exist_ok=True)
         self.lines: list[str] = []
         self.bootstraps: dict[tuple[Run, Run], dict] = {}
-        self.stale: list[Run] = []
+        self.current: dict[Run, bool] = {}  # finished run -> made with this report's settings
 
     def runs_of(self, pair: str, system: str) -> list[Run]:
         """The finished runs made with this report's settings; a run of another protocol (a changed recipe or
         training option) is left out with a warning, so that no table mixes protocols."""
         runs = [Run(self.args.recipe, pair, system, seed) for seed in self.args.seeds]
-        finished = [run for run in runs if (run.folder(self.root) / "settings.json").is_file()]
-        for run in finished:
-            if not done(run, self.args) and run not in self.stale:
-                self.stale.append(run)
-                logger.warning(
-                    "%s: left out, made with settings other than this report's (see its settings.json)",
-                    run.label(),
-                )
-        return [run for run in finished if run not in self.stale]
+        for run in runs:
+            if run not in self.current and (run.folder(self.root) / "settings.json").is_file():
+                self.current[run] = done(run, self.args)
+                if not self.current[run]:
+                    logger.warning(
+                        "%s: left out, made with settings other than this report's (see its settings.json)",
+                        run.label(),
+                    )
+        return [run for run in runs if self.current.get(run)]
 
     def read(self, run: Run, name: str) -> dict:
         return json.loads((run.folder(self.root) / name).read_text())
@@ -537,7 +548,7 @@ class Report:
         seeds = sorted({len(runs) for runs in measured.values()})
         baseline = f"`{BASELINE}` {mean[BASELINE]:.2f}" if BASELINE in mean else f"`{BASELINE}` not run yet"
         length = ""
-        kept = {system: (share, ratio) for share, ratio, system in self.kept_at_4(pair)}
+        kept = {system: (share, ratio) for share, ratio, system in kept_at_4(*self.length_results(pair))}
         if kept:
             longest = next(iter(kept))  # kept_at_4 sorts best first
             shown = [longest] if longest == BASELINE or BASELINE not in kept else [longest, BASELINE]
@@ -610,17 +621,6 @@ class Report:
                     degenerate.add(system)
         return results, degenerate
 
-    def kept_at_4(self, pair: str) -> list[tuple[float, float, str]]:
-        """(share of the k = 1 BLEU kept at k = 4, length ratio there, system) of every first-seed run that is
-        not degenerate, best first."""
-        measured, degenerate = self.length_results(pair)
-        kept = [
-            (*share_ratio, system)
-            for system, result in measured.items()
-            if system not in degenerate and (share_ratio := kept_at(result, 4)) is not None
-        ]
-        return sorted(kept, reverse=True)
-
     def length_section(self, pair: str) -> None:
         measured, degenerate = self.length_results(pair)
         if not measured:
@@ -634,7 +634,7 @@ class Report:
         plot_length_generalisation(
             results, self.docs / buckets, series="buckets", title=f"source-length buckets, {pair}, first seed"
         )
-        kept = self.kept_at_4(pair)
+        kept = kept_at_4(measured, degenerate)
         ends = [
             f"`{s}` {sentence_ends(row)}"
             for s, result in results.items()
