@@ -146,8 +146,8 @@ def all_positions_context(encoding, positions: int, device=None) -> "PositionCon
 class DescribedModule:
     """What a registered module says about itself. The config (`hyperparameters`), the model card (`title`,
     `reference`, `citations`), the position plots (`position_panels`), the comparison and benchmark systems
-    and the conformance suite (`variants`, `comparison_rows`) all read these, so adding a module is its file
-    and its registry line."""
+    and the conformance suite (`variants`, `comparison_rows`), and the comparison tables' notes
+    (`paper_deviations`) all read these, so adding a module is its file and its registry line."""
 
     #: Name in tables and cards, e.g. "PosNet-Embed".
     title: str = ""
@@ -165,6 +165,14 @@ class DescribedModule:
 
     def position_panels(self, positions: int) -> list[PositionPanel]:
         """Pictures of what this module learned about the first `positions` positions (none by default)."""
+        return []
+
+    @classmethod
+    def paper_deviations(cls, config, place: str) -> list[str]:
+        """Where this module built from `config` at `place` (a stack or an attention site) departs from its
+        paper's stated setting although the config asked for the default (e.g. a size scaled to a smaller
+        model), each a phrase without the place; the comparison tables print these next to the row. None by
+        default."""
         return []
 
 

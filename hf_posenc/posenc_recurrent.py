@@ -416,14 +416,27 @@ class RecurrentPositionEncoding(PositionEncoding):
         raise NotImplementedError
 
     @classmethod
+    def default_rpe_granule(cls, config, stack: str) -> int:
+        """The default d_r is a multiple of this: whole heads of the layout, and even in the encoder."""
+        num_heads = attention_heads(config, stack)
+        granule = cls.rpe_dim_granule(num_heads, config.d_model // num_heads)
+        return math.lcm(granule, 2) if stack == ENCODER else granule
+
+    @classmethod
     def resolve_rpe_dim(cls, config, stack: str) -> int:
         if config.rpe_dim is not None:
             return config.rpe_dim
-        num_heads = attention_heads(config, stack)
-        granule = cls.rpe_dim_granule(num_heads, config.d_model // num_heads)
-        if stack == ENCODER:
-            granule = math.lcm(granule, 2)
+        granule = cls.default_rpe_granule(config, stack)
         return int(cls.paper_rpe_dim * config.d_model / PAPER_D_MODEL) // granule * granule
+
+    @classmethod
+    def paper_deviations(cls, config, stack: str) -> list[str]:
+        rpe_dim = cls.resolve_rpe_dim(config, stack)
+        if config.rpe_dim is not None or rpe_dim == cls.paper_rpe_dim:
+            return []
+        granule = cls.default_rpe_granule(config, stack)
+        return [f"d_r = {rpe_dim} (paper: {cls.paper_rpe_dim} at d_model {PAPER_D_MODEL}; scaled to "
+                f"d_model {config.d_model}, rounded down to a multiple of {granule})"]  # fmt: skip
 
     @classmethod
     def check_config(cls, config, stack):

@@ -32,6 +32,15 @@ def test_every_system_is_a_valid_training_command(system):
         assert getattr(train_args.data, field) == value
 
 
+def test_rows_name_where_the_model_departs_from_the_paper():
+    deviations = compare.paper_deviations(compare.SYSTEMS["mpr_head@decoder"], "multi30k-en-de-compare")
+    assert deviations == [
+        "decoder: d_r = 128 (paper: 256 at d_model 512; scaled to d_model 256, rounded down to a multiple of 4)"
+    ]
+    assert compare.paper_deviations(compare.SYSTEMS["mpr_head-dr64"], "multi30k-en-de-compare") == []
+    assert compare.paper_deviations(compare.SYSTEMS["sinusoidal"], "multi30k-en-de-compare") == []
+
+
 def test_every_table_holds_the_baseline_and_claims_name_known_systems():
     for table, systems in compare.TABLES.items():
         assert compare.BASELINE in [s.name for s in systems], table

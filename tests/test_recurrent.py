@@ -370,6 +370,19 @@ def test_default_rpe_dim_is_the_papers_best_scaled_to_d_model(layout, d_model, h
         assert LAYOUTS[layout].resolve_rpe_dim(config, stack) == expected
 
 
+def test_a_default_d_r_other_than_the_papers_is_reported_as_a_deviation():
+    """The comparison tables say where a row's model departs from the paper: a scaled default d_r does, the
+    paper's own d_r at d_model 512 and an explicit rpe_dim do not."""
+    small = tiny_config(d_model=256, encoder_attention_heads=4, decoder_attention_heads=4)
+    assert LAYOUTS["rpe_head"].paper_deviations(small, "decoder") == [
+        "d_r = 128 (paper: 320 at d_model 512; scaled to d_model 256, rounded down to a multiple of 64)"
+    ]
+    base = tiny_config(d_model=512, encoder_attention_heads=8, decoder_attention_heads=8)
+    assert LAYOUTS["mpr_head"].paper_deviations(base, "encoder") == []
+    small.rpe_dim = 64
+    assert LAYOUTS["rpe_head"].paper_deviations(small, "encoder") == []
+
+
 @pytest.mark.parametrize(
     ("overrides", "message"),
     [

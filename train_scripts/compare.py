@@ -40,7 +40,8 @@ from pathlib import Path
 
 import torch
 import transformers
-from train import load_recipe, recipe_names
+from train import load_recipe, model_config, recipe_names
+from train import parse_args as parse_train_args
 from transformers import AutoModelForSeq2SeqLM
 
 from hf_posenc import MarianPosEncConfig  # importing hf_posenc registers the Auto classes
@@ -64,7 +65,14 @@ from hf_posenc.pipeline.evaluation import (
     plot_ngram_sweep,
 )
 from hf_posenc.pipeline.hardware import choose_precision, describe_hardware
-from hf_posenc.pipeline.systems import BASELINE, TABLE_TITLES, System, comparison_tables
+from hf_posenc.pipeline.systems import (
+    ATTENTION_SITES,
+    BASELINE,
+    TABLE_TITLES,
+    System,
+    comparison_tables,
+    registered_modules,
+)
 
 logger = logging.getLogger("compare")
 REPO = Path(__file__).resolve().parents[1]
@@ -373,6 +381,20 @@ UNTESTABLE_CLAIMS = [
 ]
 
 
+def paper_deviations(system: System, recipe: str) -> list[str]:
+    """Where the system's modules, built as `recipe`'s model, depart from their papers' stated settings
+    without an override asking for it (the modules' own `paper_deviations`)."""
+    arguments = parse_train_args(["--recipe", recipe, "--config_overrides", json.dumps(system.overrides)])
+    config = model_config(arguments, vocab_size=arguments.data.vocab_size, pad=0, eos=1)
+    places = {"encoder": config.encoder_position_encoding, "decoder": config.decoder_position_encoding}
+    places.update({site: getattr(config, site) for site in ATTENTION_SITES})
+    modules, where = registered_modules(), {}
+    for place, name in places.items():
+        for text in modules[name].paper_deviations(config, place):
+            where.setdefault(text, []).append(place.replace("_", " "))
+    return [f"{' and '.join(at)}: {text}" for text, at in where.items()]
+
+
 def joined_at(result: dict, k: int) -> dict | None:
     """The row of one length result with k sentences joined, or None where k was not measured."""
     return next((row for row in result["joined"] if row["k"] == k), None)
@@ -526,7 +548,9 @@ class Report:
             "marks). Δ BLEU compares with the reference's runs of the same seeds. A gap is **better**/**worse** "
             "only if every seed's bootstrap is significant (p < 0.10) and it exceeds two standard deviations over "
             "seeds (of the system or of the reference); otherwise it is a **tie**, measured equal within the "
-            "noise. Where neither has two seeds no noise is measured: **one seed** (no call).",
+            "noise. Where neither has two seeds no noise is measured: **one seed** (no call). The papers' main "
+            "tables use Transformer base (d_model 512, 6+6 layers, FFN 2048); every module runs at the paper's "
+            "settings but where the config column says otherwise.",
             "",
         ]
         for pair in args.pairs:
@@ -632,9 +656,12 @@ class Report:
                        "chrF++ | bootstrap vs sinusoidal (BLEU p per seed) | verdict |",
                        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]  # fmt: skip
         for system in TABLES[table]:
-            overrides = (
-                ", ".join(f"{k}={v}" for k, v in {**system.overrides, **system.training}.items())
-                or "defaults"
+            overrides = "; ".join(
+                [
+                    ", ".join(f"{k}={v}" for k, v in {**system.overrides, **system.training}.items())
+                    or "defaults"
+                ]
+                + paper_deviations(system, self.args.recipe)
             )
             runs, bleu, _, delta, tests, call = self.comparison(pair, system.name, BASELINE, references)
             if not runs:
