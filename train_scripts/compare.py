@@ -347,7 +347,13 @@ CLAIMS = [
     ("3", "RPEs in encoder and decoder ≥ decoder only", "rpe_head", "rpe_head@decoder", "≥"),
     ("3", "MPRHead > RPEHead", "mpr_head", "rpe_head", ">"),
     ("3", "no PE in the decoder: slightly lower", "nope-decoder", BASELINE, "≤"),
-    ("3", "no PE in the encoder as well: far lower", "none", "nope-decoder", "<"),
+    (
+        "3",
+        "PE matters more in the encoder: removing it there too costs far more",
+        "none",
+        "nope-decoder",
+        "<",
+    ),
 ]
 
 # Claims this comparison cannot test, and why: (paper, claim, reason).
