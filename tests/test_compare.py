@@ -11,6 +11,8 @@ import sys
 import pytest
 from conftest import REPO
 
+from hf_posenc.pipeline.systems import paper_deviations
+
 sys.path.insert(0, str(REPO / "train_scripts"))
 import compare  # noqa: E402
 import train  # noqa: E402
@@ -33,12 +35,14 @@ def test_every_system_is_a_valid_training_command(system):
 
 
 def test_rows_name_where_the_model_departs_from_the_paper():
-    deviations = compare.paper_deviations(compare.SYSTEMS["mpr_head@decoder"], "multi30k-en-de-compare")
-    assert deviations == [
+    def deviations(name):
+        return paper_deviations(compare.row_config(compare.SYSTEMS[name], "multi30k-en-de-compare"))
+
+    assert deviations("mpr_head@decoder") == [
         "decoder: d_r = 128 (paper: 256 at d_model 512; scaled to d_model 256, rounded down to a multiple of 4)"
     ]
-    assert compare.paper_deviations(compare.SYSTEMS["mpr_head-dr64"], "multi30k-en-de-compare") == []
-    assert compare.paper_deviations(compare.SYSTEMS["sinusoidal"], "multi30k-en-de-compare") == []
+    assert deviations("rpe_head")[0].startswith("encoder and decoder: d_r = 128 (paper: 320 at d_model 512")
+    assert deviations("mpr_head-dr64") == deviations("sinusoidal") == []
 
 
 def test_every_table_holds_the_baseline_and_claims_name_known_systems():

@@ -1,7 +1,7 @@
 """Adding a module is its file and its registry entry: everything that lists modules reads the registry and
 the module's own metadata. Proved on a copy of the package with a toy encoding added and nothing else
 changed: its config field, main system, variant, comparison row, benchmark systems, conformance variants,
-model-card entry and position panel all appear."""
+model-card entry, position panel and departures from the paper all appear."""
 
 import json
 import os
@@ -35,6 +35,10 @@ TOY_FILE = textwrap.dedent(
 
         def position_panels(self, positions):
             return [PositionPanel(f"{self.stack}: toy ramp", "curves", torch.arange(positions)[None].float())]
+
+        @classmethod
+        def paper_deviations(cls, config, place):
+            return [f"scale {config.toy_scale} (paper: 0.5)"] if config.toy_scale != 0.5 else []
     '''
 )
 
@@ -45,7 +49,7 @@ CHECK = textwrap.dedent(
     from hf_posenc import MarianPosEncConfig, MarianPosEncForConditionalGeneration
     from hf_posenc.analysis.position_plots import position_panels
     from hf_posenc.pipeline.model_card import module_sources
-    from hf_posenc.pipeline.systems import benchmark_systems, comparison_tables, conformance_variants
+    from hf_posenc.pipeline.systems import benchmark_systems, comparison_tables, conformance_variants, paper_deviations
 
     config = MarianPosEncConfig(position_encoding="toy", toy_scale=0.25, vocab_size=20, d_model=16, encoder_layers=1,
                                 decoder_layers=1, encoder_attention_heads=2, decoder_attention_heads=2,
@@ -69,6 +73,7 @@ CHECK = textwrap.dedent(
         "conformance": [name for name, _ in conformance_variants()],
         "card": module_sources({"encoder_position_encoding": "toy"}),
         "panels": [panel.title for panel in position_panels(model, positions=4)],
+        "deviations": paper_deviations(config),
     }))
     """
 )
@@ -103,3 +108,4 @@ def test_a_toy_module_added_by_its_file_and_registry_entry_appears_everywhere(tm
         and "A Toy Position Encoding" in citations
     )
     assert seen["panels"] == ["encoder: toy ramp", "decoder: toy ramp"]
+    assert seen["deviations"] == ["encoder and decoder: scale 0.25 (paper: 0.5)"]

@@ -81,6 +81,7 @@ def test_tiny_training_run_writes_a_hub_ready_folder_that_loads_without_the_pack
     card = (output / "README.md").read_text()
     assert card.startswith("---\n") and "model-index:" in card and f"value: {scores['bleu']}" in card
     assert "library_name: transformers" in card and "position-encoding-learned" in card
+    assert "Departs from the papers' settings: nowhere." in card
     assert (
         "Gehring et al. 2017" in card
         and "trust_remote_code=True" in card

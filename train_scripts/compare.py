@@ -65,14 +65,7 @@ from hf_posenc.pipeline.evaluation import (
     plot_ngram_sweep,
 )
 from hf_posenc.pipeline.hardware import choose_precision, describe_hardware
-from hf_posenc.pipeline.systems import (
-    ATTENTION_SITES,
-    BASELINE,
-    TABLE_TITLES,
-    System,
-    comparison_tables,
-    registered_modules,
-)
+from hf_posenc.pipeline.systems import BASELINE, TABLE_TITLES, System, comparison_tables, paper_deviations
 
 logger = logging.getLogger("compare")
 REPO = Path(__file__).resolve().parents[1]
@@ -387,18 +380,10 @@ UNTESTABLE_CLAIMS = [
 ]
 
 
-def paper_deviations(system: System, recipe: str) -> list[str]:
-    """Where the system's modules, built as `recipe`'s model, depart from their papers' stated settings
-    without an override asking for it (the modules' own `paper_deviations`)."""
+def row_config(system: System, recipe: str) -> MarianPosEncConfig:
+    """The config train.py builds for the system under `recipe`."""
     arguments = parse_train_args(["--recipe", recipe, "--config_overrides", json.dumps(system.overrides)])
-    config = model_config(arguments, vocab_size=arguments.data.vocab_size, pad=0, eos=1)
-    places = {"encoder": config.encoder_position_encoding, "decoder": config.decoder_position_encoding}
-    places.update({site: getattr(config, site) for site in ATTENTION_SITES})
-    modules, where = registered_modules(), {}
-    for place, name in places.items():
-        for text in modules[name].paper_deviations(config, place):
-            where.setdefault(text, []).append(place.replace("_", " "))
-    return [f"{' and '.join(at)}: {text}" for text, at in where.items()]
+    return model_config(arguments, vocab_size=arguments.data.vocab_size, pad=0, eos=1)
 
 
 def joined_at(result: dict, k: int) -> dict | None:
@@ -667,7 +652,7 @@ class Report:
                     ", ".join(f"{k}={v}" for k, v in {**system.overrides, **system.training}.items())
                     or "defaults"
                 ]
-                + paper_deviations(system, self.args.recipe)
+                + paper_deviations(row_config(system, self.args.recipe))
             )
             runs, bleu, _, delta, tests, call = self.comparison(pair, system.name, BASELINE, references)
             if not runs:

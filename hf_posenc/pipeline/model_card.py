@@ -4,6 +4,7 @@ from pathlib import Path
 
 from ..configuration_marian_posenc import MarianPosEncConfig
 from ..registry import POSITION_ENCODINGS, TOKEN_MIXERS
+from .systems import paper_deviations
 
 TEMPLATE = Path(__file__).with_name("model_card_template.md")
 
@@ -46,6 +47,9 @@ def write_model_card(folder, model, scores: dict, **fields) -> Path:
     choices = {name: getattr(model.config, name, getattr(defaults, name)) for name in CHOICES}
     generation = model.generation_config
     sources, citations = module_sources(choices)
+    if isinstance(model.config, MarianPosEncConfig):
+        departures = paper_deviations(model.config)
+        sources += "\n\nDeparts from the papers' settings: " + ("; ".join(departures) or "nowhere") + "."
     values = {
         "dataset": "multi30k",
         "test_split": "test_2016_flickr",

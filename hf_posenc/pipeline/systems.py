@@ -11,7 +11,7 @@ so a new registry entry appears everywhere by itself.
 
 from dataclasses import dataclass, field
 
-from ..base import ATTENTION_SITES, CROSS_ATTENTION, TokenMixer
+from ..base import ATTENTION_SITES, CROSS_ATTENTION, DECODER, ENCODER, TokenMixer
 from ..registry import POSITION_ENCODINGS, TOKEN_MIXERS
 
 BASELINE = "sinusoidal"
@@ -62,6 +62,18 @@ class System:
 
 def registered_modules() -> dict[str, type]:
     return {**POSITION_ENCODINGS, **TOKEN_MIXERS}
+
+
+def paper_deviations(config) -> list[str]:
+    """Where the modules `config` builds depart from their papers' settings by default, each as "<places>:
+    <what>", from the module classes' own `paper_deviations` (comparison tables, model cards)."""
+    places = {"encoder_position_encoding": ENCODER, "decoder_position_encoding": DECODER}
+    places.update({site: site for site in ATTENTION_SITES})
+    modules, where = registered_modules(), {}
+    for field_name, place in places.items():
+        for text in modules[getattr(config, field_name)].paper_deviations(config, place):
+            where.setdefault(text, []).append(place.replace("_", " "))
+    return [f"{' and '.join(at)}: {text}" for text, at in where.items()]
 
 
 def module_overrides(name: str) -> dict:
