@@ -201,6 +201,9 @@ def test_verdicts_need_seed_noise_as_well_as_significance():
     assert verdict(+3.0, [8.0, 8.2], [2.0, 8.0], [significant] * 2) == "tie"  # within 2 sd of the baseline
     assert verdict(+3.0, [8.0, 8.2], [5.0, 5.2], [significant, not_significant]) == "tie"
     assert verdict(+4.8, [13.8], [9.0], [significant]) == "one seed"
+    # one seed of the system: the baseline's noise alone decides, and the call says so
+    assert verdict(-3.0, [2.0], [5.0, 5.2], [significant]) == "worse" + compare.PROVISIONAL
+    assert verdict(+0.1, [5.2], [5.0, 5.2], [significant]) == "tie" + compare.PROVISIONAL
 
 
 @pytest.mark.parametrize(
@@ -208,7 +211,9 @@ def test_verdicts_need_seed_noise_as_well_as_significance():
     [("<", "worse", "reproduced"), ("<", "tie", "tie within noise"), ("<", "better", "not reproduced"),
      ("≈", "tie", "reproduced"), ("≈", "worse", "not reproduced"), ("≥", "tie", "reproduced"),
      ("≥", "better", "reproduced"), ("≤", "tie", "reproduced"), ("≤", "better", "not reproduced"),
-     (">", "one seed", "one seed (no call)")],
+     (">", "one seed", "one seed (no call)"),
+     ("<", "worse" + compare.PROVISIONAL, "reproduced" + compare.PROVISIONAL),
+     ("≈", "worse" + compare.PROVISIONAL, "not reproduced" + compare.PROVISIONAL)],
 )  # fmt: skip
 def test_claim_verdicts(expected, measured, call):
     assert compare.claim_verdict(expected, measured) == call

@@ -422,32 +422,39 @@ def bootstrap_cell(tests: list[dict]) -> str:
     return ", ".join(f"p={test['bleu']['p_value']:.3f}{test['bleu']['significance']}" for test in tests)
 
 
+PROVISIONAL = " (provisional)"  # one seed on one side: the seed noise is the other side's alone
+
+
 def verdict(delta, bleu, base_bleu, tests) -> str:
     """better/worse only when every seed's bootstrap is significant (p < 0.10) and the gap exceeds two seed
     standard deviations (of the system or of the reference, whichever is larger and measured); else a tie.
-    With one seed of both, no seed noise is measured and the bootstrap alone cannot call a gap: "one seed"."""
+    With one seed of both, no seed noise is measured and the bootstrap alone cannot call a gap: "one seed".
+    With one seed on one side only, the noise is the other side's alone: the call is marked PROVISIONAL."""
     if delta is None:
         return "baseline"
     seed_sds = [statistics.stdev(values) for values in (bleu, base_bleu) if len(values) >= 2]
     if not seed_sds:
         return "one seed"
     if abs(delta) <= 2 * max(seed_sds):
-        return "tie"
-    if tests and all(t["bleu"]["significance"] for t in tests):
-        return "better" if delta > 0 else "worse"
-    return "tie"
+        call = "tie"
+    elif tests and all(t["bleu"]["significance"] for t in tests):
+        call = "better" if delta > 0 else "worse"
+    else:
+        call = "tie"
+    return call + PROVISIONAL if min(len(bleu), len(base_bleu)) < 2 else call
 
 
 def claim_verdict(expected: str, measured: str) -> str:
-    """reproduced / not reproduced / tie within noise, from the expected relation and the measured verdict."""
+    """reproduced / not reproduced / tie within noise, from the expected relation and the measured verdict
+    (provisional where the measured verdict is)."""
     if measured == "one seed":
         return "one seed (no call)"
+    call = measured.removesuffix(PROVISIONAL)
     holds = {"<": {"worse"}, ">": {"better"}, "≈": {"tie"}, "≥": {"better", "tie"}, "≤": {"worse", "tie"}}[
         expected
     ]
-    if measured in holds:
-        return "reproduced"
-    return "tie within noise" if measured == "tie" else "not reproduced"
+    result = "reproduced" if call in holds else "tie within noise" if call == "tie" else "not reproduced"
+    return result + measured.removeprefix(call)
 
 
 class Report:
@@ -539,7 +546,8 @@ class Report:
             "marks). Δ BLEU compares with the reference's runs of the same seeds. A gap is **better**/**worse** "
             "only if every seed's bootstrap is significant (p < 0.10) and it exceeds two standard deviations over "
             "seeds (of the system or of the reference); otherwise it is a **tie**, measured equal within the "
-            "noise. Where neither has two seeds no noise is measured: **one seed** (no call). The papers' main "
+            "noise. Where neither has two seeds no noise is measured: **one seed** (no call); where only one side "
+            "has two, the noise is that side's alone and the call is **provisional**. The papers' main "
             "tables use Transformer base (d_model 512, 6+6 layers, FFN 2048); every module runs at the paper's "
             "settings but where the config column says otherwise.",
             "",
