@@ -368,7 +368,9 @@ class T5BiasPositionEncoding(PositionEncoding):
         self.num_buckets = config.relative_attention_num_buckets
         self.max_distance = config.relative_attention_max_distance
         self.bidirectional = stack == ENCODER
-        self.bias = nn.Embedding(self.num_buckets, heads)  # (buckets, H)
+        # a parameter of this module, not an nn.Embedding: transformers' generic init would re-draw a child
+        # embedding at init_std after `reset_parameters` ran (children are initialised first)
+        self.table = nn.Parameter(torch.empty(self.num_buckets, heads))  # (buckets, H)
         self.reset_parameters()
 
     @classmethod
@@ -387,12 +389,15 @@ class T5BiasPositionEncoding(PositionEncoding):
 
     def reset_parameters(self):
         # T5's initialisation of the relative attention bias: N(0, d_model^-1/2).
-        init.normal_(self.bias.weight, mean=0.0, std=self.config.d_model**-0.5)
+        init.normal_(self.table, mean=0.0, std=self.config.d_model**-0.5)
 
     def score_bias(self, layer_idx, context):
         distances, index = distinct_distances(context)  # (R,), (B|1, q, k)
         buckets = t5_relative_bucket(distances, self.bidirectional, self.num_buckets, self.max_distance)
-        return self.bias(buckets).T[:, index].movedim(0, 1)  # (B|1, H, q, k)
+        return self.table[buckets].T[:, index].movedim(0, 1)  # (B|1, H, q, k)
+
+
+MLP_INIT_STD, MLP_INIT_BIAS = 0.1, 0.1  # Adaptive-T5's MLP initialisation in the authors' code
 
 
 class AdaptiveT5PositionEncoding(PositionEncoding):
@@ -402,7 +407,8 @@ class AdaptiveT5PositionEncoding(PositionEncoding):
     r <= 0, where alpha_h = ReLU(a_h) / L and beta_h = ReLU(b_h) / L, L = `adaptive_t5_max_length`, a_h and
     b_h initialised uniform in [1, 15]. The bias is bias_h(i, j) = g_h^{sign r}(f_h(r)), a per-head,
     per-direction MLP 1 -> l1 -> l2 -> 1 with sigmoid hidden activations (l1, l2 =
-    `adaptive_t5_hidden_sizes`, 32 and 4 in the authors' MT setup), added after the 1/sqrt(d_h) scaling.
+    `adaptive_t5_hidden_sizes`, 32 and 4 in the authors' MT setup) and dropout (`adaptive_t5_dropout`, 0.5 in
+    the authors' code) on the first hidden layer in training, added after the 1/sqrt(d_h) scaling.
     Encoder and decoder have their own parameters. The decoder is causal: only the r <= 0 direction exists
     there (the r > 0 one could never receive a gradient). By default only the first layer gets the bias (the
     authors' choice); `adaptive_t5_every_layer=True` gives every layer its own parameters.
@@ -410,8 +416,10 @@ class AdaptiveT5PositionEncoding(PositionEncoding):
     The bias depends on r only, so the MLP runs over the distinct distances (at most q + k - 1 per head)
     and is then gathered to (B|1, H, q, k). Deviation from the authors' released code: it slices the
     decoder bias to [:1, :1] during incremental inference, dropping the positional signal at test time; here
-    query row t sees keys 0..t exactly as in training. L defaults to 1024, fairseq's maximum source length
-    (an assumption: the paper's restatement only says "max length").
+    query row t sees keys 0..t exactly as in training. The rest follows the authors' released MT code: L =
+    256 (their A = 1 / max_length with THUMT's max_length 256), MLP weights from a normal with std 0.1
+    truncated at two standard deviations, every MLP bias 0.1. There the dropout mask is drawn per (i, j)
+    pair; here the MLP runs once per distinct distance, so pairs at the same distance share a mask.
     """
 
     title = "Adaptive-T5"
@@ -424,7 +432,16 @@ class AdaptiveT5PositionEncoding(PositionEncoding):
         "adaptive_t5_hidden_sizes": Hyperparameter(
             list[int] | tuple[int, ...], (32, 4), "MLP widths l1, l2 (the authors' MT setup: 32, 4)"
         ),
-        "adaptive_t5_max_length": Hyperparameter(int, 1024, "L in alpha_h = ReLU(a_h) / L", minimum=1),
+        "adaptive_t5_max_length": Hyperparameter(
+            int, 256, "L in alpha_h = ReLU(a_h) / L (the authors' code: 256)", minimum=1
+        ),
+        "adaptive_t5_dropout": Hyperparameter(
+            float,
+            0.5,
+            "dropout on the MLP's first hidden layer (the authors' code: 0.5)",
+            minimum=0.0,
+            below=1.0,
+        ),
         "adaptive_t5_every_layer": Hyperparameter(
             bool, False, "a bias in every layer instead of the first only"
         ),
@@ -436,6 +453,7 @@ class AdaptiveT5PositionEncoding(PositionEncoding):
         heads, layers = stack_heads_layers(config, stack)
         self.every_layer = config.adaptive_t5_every_layer
         self.max_length = config.adaptive_t5_max_length
+        self.dropout = config.adaptive_t5_dropout
         self.bidirectional = stack == ENCODER
         tables = layers if self.every_layer else 1
         directions = 2 if self.bidirectional else 1  # index 0: r <= 0, index 1: r > 0
@@ -458,15 +476,10 @@ class AdaptiveT5PositionEncoding(PositionEncoding):
 
     def reset_parameters(self):
         init.uniform_(self.decay, 1.0, 15.0)
-        # nn.Linear's default bounds, 1/sqrt(fan_in), for each per-head linear layer
-        for weight, bias, fan_in in (
-            (self.hidden1_weight, self.hidden1_bias, 1),
-            (self.hidden2_weight, self.hidden2_bias, self.hidden2_weight.shape[-2]),
-            (self.output_weight, self.output_bias, self.output_weight.shape[-1]),
-        ):
-            bound = fan_in**-0.5
-            init.uniform_(weight, -bound, bound)
-            init.uniform_(bias, -bound, bound)
+        for weight in (self.hidden1_weight, self.hidden2_weight, self.output_weight):
+            init.trunc_normal_(weight, std=MLP_INIT_STD, a=-2 * MLP_INIT_STD, b=2 * MLP_INIT_STD)
+        for bias in (self.hidden1_bias, self.hidden2_bias, self.output_bias):
+            init.constant_(bias, MLP_INIT_BIAS)
 
     def bias_per_distance(self, table: int, distances: torch.Tensor) -> torch.Tensor:
         """bias_h(r) for distances r (R,): (H, R)."""
@@ -478,6 +491,7 @@ class AdaptiveT5PositionEncoding(PositionEncoding):
             soft_bucket[..., None] * self.hidden1_weight[table, :, :, None]
             + self.hidden1_bias[table, :, :, None]
         )  # (dirs, H, R, l1)
+        hidden = nn.functional.dropout(hidden, p=self.dropout, training=self.training)
         hidden = torch.sigmoid(
             torch.matmul(hidden, self.hidden2_weight[table]) + self.hidden2_bias[table, :, :, None]
         )  # (dirs, H, R, l2)

@@ -15,7 +15,7 @@ import torch
 from conftest import PAD, VOCAB, decode_with_cache, source_batch, target_batch, tiny_model
 
 import hf_posenc.modeling_marian_posenc
-from hf_posenc import POSITION_ENCODINGS
+from hf_posenc import POSITION_ENCODINGS, TOKEN_MIXERS
 from hf_posenc.pipeline.systems import conformance_variants
 
 VARIANTS = conformance_variants()
@@ -313,3 +313,29 @@ def test_a_bias_shared_by_layers_is_computed_once_per_stack_forward(overrides, m
         per_layer = model(input_ids=src, attention_mask=mask, decoder_input_ids=target_batch()).logits
     assert len(calls) == 2 + 4
     torch.testing.assert_close(shared, per_layer)
+
+
+@parametrize_variants
+def test_no_generic_init_overwrites_a_module_s_own_initialisation(overrides, monkeypatch):
+    """Each position encoding and token mixer initialises what it owns in `reset_parameters` (the papers'
+    initialisations); building the model must write none of those parameters afterwards. transformers
+    initialises children before parents, so a child `nn.Embedding`/`nn.Linear` of a module would be re-drawn
+    at `init_std` after the module's own init ran (T5's bias table was, at 0.02 instead of d_model^-1/2)."""
+    after_reset = {}
+
+    def recording(own_reset):
+        def reset_parameters(self):
+            own_reset(self)
+            after_reset[id(self)] = {name: p._version for name, p in self.named_parameters()}
+
+        return reset_parameters
+
+    for cls in {*POSITION_ENCODINGS.values(), *TOKEN_MIXERS.values()}:
+        if "reset_parameters" in vars(cls):
+            monkeypatch.setattr(cls, "reset_parameters", recording(vars(cls)["reset_parameters"]))
+    model = tiny_model(**overrides)
+    for module in (module for module in model.modules() if id(module) in after_reset):
+        for name, parameter in module.named_parameters():
+            assert parameter._version == after_reset[id(module)][name], (
+                f"{type(module).__name__}.{name} was written after its reset_parameters"
+            )

@@ -158,7 +158,7 @@ def test_t5_bias_is_the_stack_table_at_transformers_buckets(stack, past):
         position_encoding="t5_bias", relative_attention_num_buckets=8, relative_attention_max_distance=8
     )
     encoding = getattr(model.model, stack).position_encoding
-    table = encoding.bias.weight  # (buckets, H)
+    table = encoding.table  # (buckets, H)
     if stack == "encoder":
         context, _ = encoder_context(model, [9, 5], 9)
     else:  # queries past..8 over keys 0..8: the rows a cached decoding step sees
@@ -199,7 +199,7 @@ def test_t5_bias_attention_equals_the_loop_with_padding():
     model = tiny_model(
         position_encoding="t5_bias", relative_attention_num_buckets=8, relative_attention_max_distance=8
     )
-    table = model.model.encoder.position_encoding.bias.weight
+    table = model.model.encoder.position_encoding.table
     context, mask = encoder_context(model, [9, 5], 9)
 
     def bias(b, h, i, j):
