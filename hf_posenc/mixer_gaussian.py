@@ -12,8 +12,9 @@ from .mixer_base import PositionMixer, zero_disallowed
 class GaussianNet(PositionMixer):
     """Hard-coded Gaussian attention (You et al. 2020; paper 2 Eq. 12): W_nm = N(m; n + o_h, σ = 1).
 
-    Head h is centred on offset o_h = offsets[h mod len(offsets)] (encoder: previous/next token, decoder:
-    previous/current token, as in the reference code); the weights are not renormalised, masked keys get 0.
+    Head h is centred on offset o_h = offsets[h mod len(offsets)] (encoder: previous/current/next token,
+    decoder: previous/current token, as in the reference code); the weights are not renormalised, masked keys
+    get 0.
     Self-attention only: You et al. report a large loss in cross-attention and paper 2 keeps it content-based.
     """
 
@@ -24,7 +25,7 @@ class GaussianNet(PositionMixer):
         PAPER_2,
     )
     allowed_sites = (ENCODER_SELF_ATTENTION, DECODER_SELF_ATTENTION)
-    encoder_offsets = (-1, 1)
+    encoder_offsets = (-1, 0, 1)
     decoder_offsets = (-1, 0)
     std = 1.0
 

@@ -136,13 +136,13 @@ def test_attention_gating_adds_eq_4_to_content_attention():
 
 
 def test_fourier_mixing_is_the_real_part_of_the_dft_over_each_sequence():
-    """Eq. 11: weights are Re(DFT) over the unpadded length of each row (torch.fft as the reference)."""
+    """Eq. 11: weights are Re(DFT) over the unpadded length M of each row, unitary (1/√M) as the reference's."""
     mixer = FourierNet(tiny_config(encoder_self_attention="fourier"), ENCODER_SELF_ATTENTION, 0)
     positions = torch.tensor([[0, 1, 2, 3, 4, 5], [0, 1, 2, 3, 3, 3]])  # second row padded after 4 tokens
     mask = torch.tensor([[1] * 6, [1, 1, 1, 1, 0, 0]], dtype=torch.bool)[:, None, None, :].expand(2, 1, 6, 6)
     weights = mixer.mixing_weights(mask, PositionContext(None, positions, positions), torch.float32)
     for row, length in ((0, 6), (1, 4)):
-        dft = torch.fft.fft(torch.eye(length), dim=0).real.float()  # W_nm = Re(exp(-2πi nm/M))
+        dft = torch.fft.fft(torch.eye(length), dim=0, norm="ortho").real.float()  # Re(exp(-2πi nm/M)) / √M
         torch.testing.assert_close(weights[row, 0, :length, :length], dft, atol=1e-6, rtol=0)
     assert (weights[1, 0, :, 4:] == 0).all()
 
@@ -154,14 +154,17 @@ def test_fourier_is_rejected_in_the_decoder_with_a_clear_message():
 
 
 def test_gaussian_weights_are_unnormalised_normal_densities_around_per_head_offsets():
-    """Eq. 12: W_nm = exp(-(m - n - o_h)²/2)/√(2π), o_h alternating over heads (-1, 1 encoder; -1, 0 decoder)."""
-    for site, offsets in ((ENCODER_SELF_ATTENTION, (-1, 1)), (DECODER_SELF_ATTENTION, (-1, 0))):
+    """Eq. 12: W_nm = exp(-(m - n - o_h)²/2)/√(2π), o_h cycling over heads as in the reference code (-1, 0, 1
+    encoder; -1, 0 decoder)."""
+    for site, offsets in ((ENCODER_SELF_ATTENTION, (-1, 0, 1)), (DECODER_SELF_ATTENTION, (-1, 0))):
         mixer = GaussianNet(tiny_config(), site, 0)
         weights = mixer.mixing_weights(None, context(range(7), range(7)), torch.float32)[0]
         for h in range(4):
             for n in range(7):
                 for m in range(7):
-                    expected = math.exp(-0.5 * (m - n - offsets[h % 2]) ** 2) / math.sqrt(2 * math.pi)
+                    expected = math.exp(-0.5 * (m - n - offsets[h % len(offsets)]) ** 2) / math.sqrt(
+                        2 * math.pi
+                    )
                     if site == DECODER_SELF_ATTENTION and m > n:
                         expected = 0.0
                     assert weights[h, n, m].item() == pytest.approx(expected, abs=1e-6)
