@@ -486,8 +486,12 @@ class MarianPosEncModel(MarianPosEncPreTrainedModel):
         use_cache=None,
         output_attentions=None,
         output_hidden_states=None,
+        cache=None,
         **kwargs,
     ) -> Seq2SeqModelOutput:
+        past_key_values = (
+            cache if past_key_values is None else past_key_values
+        )  # transformers >= 5.24: `cache`
         use_cache = use_cache if use_cache is not None else self.config.use_cache
         if encoder_outputs is None:
             encoder_outputs = self.encoder(
@@ -560,11 +564,10 @@ class MarianPosEncForConditionalGeneration(MarianPosEncPreTrainedModel, Generati
     def _prepare_cache_for_generation(self, generation_config, model_kwargs, *args, **kwargs):
         """Let `generate` use `PosEncCache`, so position state is reordered with the beams."""
         super()._prepare_cache_for_generation(generation_config, model_kwargs, *args, **kwargs)
-        cache = model_kwargs.get("past_key_values")
-        if isinstance(cache, EncoderDecoderCache) and not isinstance(cache, PosEncCache):
-            model_kwargs["past_key_values"] = PosEncCache(
-                cache.self_attention_cache, cache.cross_attention_cache
-            )
+        for name in ("past_key_values", "cache"):  # "cache" from transformers 5.24 on
+            cache = model_kwargs.get(name)
+            if isinstance(cache, EncoderDecoderCache) and not isinstance(cache, PosEncCache):
+                model_kwargs[name] = PosEncCache(cache.self_attention_cache, cache.cross_attention_cache)
 
     def generate(self, inputs=None, generation_config=None, **kwargs):
         """`GenerationMixin.generate`; unless a length is given, allows source length + N new tokens, with N
@@ -598,10 +601,13 @@ class MarianPosEncForConditionalGeneration(MarianPosEncPreTrainedModel, Generati
         output_attentions=None,
         output_hidden_states=None,
         num_items_in_batch=None,
+        cache=None,
         **kwargs,
     ) -> Seq2SeqLMOutput:
         r"""labels (`(B, T)`, -100 = ignored): teacher forcing; the loss is the summed token cross-entropy
-        divided by `num_items_in_batch` when the Trainer passes it, else by the number of label tokens."""
+        divided by `num_items_in_batch` when the Trainer passes it, else by the number of label tokens.
+        `cache` is `past_key_values` under the name transformers 5.24's `generate` passes."""
+        past_key_values = cache if past_key_values is None else past_key_values
         if labels is not None:
             check_token_ids(labels, self.config.vocab_size, "labels", ignore_index=-100)
             use_cache = False

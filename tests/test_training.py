@@ -7,6 +7,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+import transformers
 from conftest import REPO
 
 sys.path.insert(0, str(REPO / "train_scripts"))
@@ -103,6 +104,7 @@ def test_stock_marian_baseline_runs_through_the_same_pipeline(multi30k_dir, tmp_
     scores = train.main([*TINY, "--data_dir", str(multi30k_dir), "--architecture", "stock_marian", "--precision",
                          "fp32", "--max_steps", "5", "--output_dir", str(tmp_path / "stock")])  # fmt: skip
     assert scores["architecture"] == "stock_marian" and scores["precision"] == "fp32" and scores["steps"] == 5
+    assert scores["transformers_version"] == transformers.__version__
 
 
 def test_degenerate_output_fails_the_default_job_but_is_written_and_marked(multi30k_dir, tmp_path, capsys):

@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Literal
 
 import torch
+import transformers
 import yaml
 from safetensors import SafetensorError, safe_open
 from transformers import (
@@ -665,6 +666,7 @@ def run_record(
         "test_pairs": len(data.test),
         "degenerate": evaluation.degenerate,
         "hardware": {**hardware.as_dict(), "line": hardware.line()},
+        "transformers_version": transformers.__version__,
         "precision": precision.precision,
         "precision_probe": precision.as_dict(),
         "attention_backend": backend.backend,
