@@ -89,6 +89,8 @@ def main():
     }
     name = f"rank{rank}-resumed.json" if args.resume else f"rank{rank}.json"
     (Path(args.out) / name).write_text(json.dumps(record))
+    if torch.distributed.is_initialized():  # gloo's threads must stop before exit, or a rank can abort there
+        torch.distributed.destroy_process_group()
 
 
 if __name__ == "__main__":
