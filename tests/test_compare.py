@@ -167,6 +167,10 @@ def test_readme_length_cell_reads_k4_share_ratio_and_cannot(tmp_path):
     )
     settings = {**compare.run_settings(stale, args), "recipe": {"warmup_steps": 1}}
     (stale.folder(tmp_path) / "settings.json").write_text(json.dumps(settings))
+    chunk = compare.Report(
+        compare.parse_args(["--results_dir", str(tmp_path), "--seeds", "2", "--tables", "main"])
+    )
+    assert chunk.module_cells("en-de", "sinusoidal")[0] == "30.50 ± 0.71 (2 seeds)"  # seed 1 is reported too
     report = compare.Report(args)
     assert report.module_cells("en-de", "alibi") == ("not run yet", "not run yet")
     assert report.current[stale] is False

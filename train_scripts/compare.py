@@ -458,7 +458,8 @@ def claim_verdict(expected: str, measured: str) -> str:
 
 
 class Report:
-    """docs/results.md for one recipe, built from the results folder: a section per language pair."""
+    """docs/results.md for one recipe, built from the results folder: a section per language pair, with every seed
+    of `--seeds` or finished in the results folder (a chunk that trains some seeds reports all of them)."""
 
     def __init__(self, args):
         self.args = args
@@ -468,11 +469,13 @@ class Report:
         self.lines: list[str] = []
         self.bootstraps: dict[tuple[Run, Run], dict] = {}
         self.current: dict[Run, bool] = {}  # finished run -> made with this report's settings
+        finished = self.root.joinpath(args.recipe).glob("*/*/seed*/settings.json")
+        self.seeds = sorted({*args.seeds, *(int(path.parent.name.removeprefix("seed")) for path in finished)})
 
     def runs_of(self, pair: str, system: str) -> list[Run]:
         """The finished runs made with this report's settings; a run of another protocol (a changed recipe or
         training option) is left out with a warning, so that no table mixes protocols."""
-        runs = [Run(self.args.recipe, pair, system, seed) for seed in self.args.seeds]
+        runs = [Run(self.args.recipe, pair, system, seed) for seed in self.seeds]
         for run in runs:
             if run not in self.current and (run.folder(self.root) / "settings.json").is_file():
                 self.current[run] = done(run, self.args)
