@@ -489,9 +489,8 @@ class MarianPosEncModel(MarianPosEncPreTrainedModel):
         cache=None,
         **kwargs,
     ) -> Seq2SeqModelOutput:
-        past_key_values = (
-            cache if past_key_values is None else past_key_values
-        )  # transformers >= 5.24: `cache`
+        # transformers >= 5.24 passes the cache as `cache`
+        past_key_values = cache if past_key_values is None else past_key_values
         use_cache = use_cache if use_cache is not None else self.config.use_cache
         if encoder_outputs is None:
             encoder_outputs = self.encoder(
