@@ -25,7 +25,7 @@ from conftest import DATA_DIR  # noqa: E402
 from hf_posenc import MarianPosEncConfig, MarianPosEncForConditionalGeneration  # noqa: E402
 from hf_posenc.pipeline.data import read_split  # noqa: E402
 from hf_posenc.pipeline.tokenization import train_joint_bpe  # noqa: E402
-from hf_posenc.pipeline.training import TranslationTrainer, tokenize_parallel  # noqa: E402
+from hf_posenc.pipeline.training import TranslationTrainer, leave_process_group, tokenize_parallel  # noqa: E402
 
 
 class RecordingTrainer(TranslationTrainer):
@@ -89,8 +89,7 @@ def main():
     }
     name = f"rank{rank}-resumed.json" if args.resume else f"rank{rank}.json"
     (Path(args.out) / name).write_text(json.dumps(record))
-    if torch.distributed.is_initialized():  # gloo's threads must stop before exit, or a rank can abort there
-        torch.distributed.destroy_process_group()
+    leave_process_group()
 
 
 if __name__ == "__main__":

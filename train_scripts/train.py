@@ -71,6 +71,7 @@ from hf_posenc.pipeline.tokenization import train_joint_bpe
 from hf_posenc.pipeline.training import (
     TimeBudgetCallback,
     TranslationTrainer,
+    leave_process_group,
     tokenize_parallel,
     translation_metrics,
 )
@@ -770,6 +771,7 @@ def main(argv=None) -> dict | None:
     model, precision, backend = build_model(args, data)
     trainer, report = train(args, model, data, precision)
     model, averaged = trained_model(args, trainer)
+    leave_process_group()  # the processes need each other no more; the first one evaluates alone
     if model is None:
         return None  # one process evaluates and writes the folder
     evaluation = evaluate(args, model, data, precision, report, averaged)

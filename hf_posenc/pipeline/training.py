@@ -4,12 +4,14 @@
   sentences, through its `get_train_dataloader` hook, and a count of the target tokens it trained on;
 * `TimeBudgetCallback`: stops training after a wall-clock budget, counted across resumes;
 * `tokenize_parallel`: tokenised pairs with their lengths, over-long pairs rejected;
-* `translation_metrics`: BLEU and chrF++ of generated validation translations for `compute_metrics`.
+* `translation_metrics`: BLEU and chrF++ of generated validation translations for `compute_metrics`;
+* `leave_process_group`: the end of a multi-process run without a hang or an abort on the way out.
 """
 
 import time
 
 import datasets
+import torch
 from torch.utils.data import DataLoader
 from transformers import Seq2SeqTrainer, TrainerCallback
 from transformers.trainer_callback import ExportableState
@@ -110,3 +112,20 @@ def translation_metrics(tokenizer):
         return {"bleu": scores["bleu"], "chrf++": scores["chrf++"]}
 
     return compute_metrics
+
+
+def leave_process_group() -> None:
+    """Leave torch.distributed once the processes need each other no more (no-op in a single process).
+
+    Gloo's worker thread drops a finished collective, and the Python tensors it holds, only once it holds the
+    GIL; the process group's destructor joins that thread while holding the GIL. Freeing the trainer right
+    after a collective can therefore deadlock (seen: rank 0 of `accelerate launch` on 2 CPU processes stuck in
+    `~ProcessGroupGloo` after training, the worker waiting for the GIL; pytorch/pytorch#75097), and leaving
+    the group to interpreter shutdown can abort ("terminate called without an active exception"). So the
+    ranks line up, the worker gets a moment without the GIL to finish, and the group is destroyed.
+    """
+    if not torch.distributed.is_initialized():
+        return
+    torch.distributed.barrier()
+    time.sleep(0.5)  # the GIL is free: the worker drops the barrier's work and goes idle
+    torch.distributed.destroy_process_group()
