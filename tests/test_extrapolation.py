@@ -185,7 +185,7 @@ def test_fire_defaults_are_the_papers():
     encoder, decoder = model.model.encoder.position_encoding, model.model.decoder.position_encoding
     assert encoder.hidden_weight.shape == (2, 32) and decoder.hidden_weight.shape == (1, 32)
     assert decoder.output_weight.shape == (1, 32, model.config.decoder_attention_heads)
-    assert float(decoder.c) == pytest.approx(0.1)
+    assert decoder.c.item() == pytest.approx(0.1)
     assert float(decoder.threshold()) == 512.0
 
 
