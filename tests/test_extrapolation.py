@@ -186,7 +186,7 @@ def test_fire_defaults_are_the_papers():
     assert encoder.hidden_weight.shape == (2, 32) and decoder.hidden_weight.shape == (1, 32)
     assert decoder.output_weight.shape == (1, 32, model.config.decoder_attention_heads)
     assert decoder.c.item() == pytest.approx(0.1)
-    assert float(decoder.threshold()) == 512.0
+    assert decoder.threshold().item() == 512.0
 
 
 # -------------------------------------------------------------------------------------------------- KERPLE
