@@ -120,9 +120,9 @@ def leave_process_group() -> None:
     Gloo's worker thread drops a finished collective, and the Python tensors it holds, only once it holds the
     GIL; the process group's destructor joins that thread while holding the GIL. Freeing the trainer right
     after a collective can therefore deadlock (seen: rank 0 of `accelerate launch` on 2 CPU processes stuck in
-    `~ProcessGroupGloo` after training, the worker waiting for the GIL; pytorch/pytorch#75097), and leaving
-    the group to interpreter shutdown can abort ("terminate called without an active exception"). So the
-    ranks line up, the worker gets a moment without the GIL to finish, and the group is destroyed.
+    `~ProcessGroupGloo` after training, the worker waiting for the GIL), and leaving the group to interpreter
+    shutdown can abort ("terminate called without an active exception"). So the ranks line up, the worker gets
+    a moment without the GIL to finish, and the group is destroyed.
     """
     if not torch.distributed.is_initialized():
         return
