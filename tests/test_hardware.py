@@ -8,6 +8,7 @@ thing on this machine, for bounds only: which precision wins here is not asserte
 
 import json
 import time
+from dataclasses import replace
 
 import pytest
 import torch
@@ -195,8 +196,10 @@ def test_hardware_description_is_one_line_and_json():
     machine = describe_hardware("cpu")
     line = machine.line()
     assert "\n" not in line and f"CPU capability {torch.backends.cpu.get_cpu_capability()}" in line
-    assert f"{torch.get_num_threads()} threads" in line and f"torch {torch.__version__}" in line
+    assert f", {torch.get_num_threads()} thread" in line and f"torch {torch.__version__}" in line
     assert json.loads(json.dumps(machine.as_dict()))["device"] == "cpu"
+    assert ", 1 thread, " in replace(machine, threads=1).line()
+    assert ", 2 threads, " in replace(machine, threads=2).line()
 
 
 def test_gpu_description_names_the_gpu_and_its_compute_capability(monkeypatch):

@@ -92,7 +92,8 @@ class Hardware:
         else:
             units = f" ({', '.join(self.bf16_flags)})" if self.bf16_flags else ", no bf16 flags"
             kind = f"CPU capability {self.capability}{units}"
-        return f"{self.name}, {kind}, {self.threads} threads, torch {self.torch_version}"
+        threads = f"{self.threads} thread" + ("s" if self.threads != 1 else "")
+        return f"{self.name}, {kind}, {threads}, torch {self.torch_version}"
 
     def as_dict(self) -> dict:
         return asdict(self)
