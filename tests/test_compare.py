@@ -11,12 +11,14 @@ import sys
 import pytest
 from conftest import REPO
 
+from hf_posenc.pipeline.hardware import Hardware
 from hf_posenc.pipeline.systems import paper_deviations
 
 sys.path.insert(0, str(REPO / "train_scripts"))
 import compare  # noqa: E402
 import train  # noqa: E402
 
+MACHINE = Hardware("cpu", "a test machine", "AVX2", 1, "2.13.0+cpu")
 TINY_RUN = "--d_model 32 --layers 1 --heads 2 --ffn_dim 64 --vocab_size 300 --train_limit 600"
 
 
@@ -150,7 +152,7 @@ def test_readme_length_cell_reads_k4_share_ratio_and_cannot(tmp_path):
             run = compare.Run(args.recipe, "en-de", system, seed)
             folder = run.folder(tmp_path)
             folder.mkdir(parents=True)
-            machine = {"hardware": {"line": "a test machine"}, "precision": "fp32"}
+            machine = {"hardware": {**MACHINE.as_dict(), "line": "1 threads"}, "precision": "fp32"}
             (folder / "scores.json").write_text(json.dumps({"bleu": bleu, **machine}))
             (folder / "length_generalisation.json").write_text(json.dumps({"joined": joined}))
             # 120 distinct translations; learned's second seed repeats one sentence (a degenerate run)
@@ -191,6 +193,8 @@ def test_readme_length_cell_reads_k4_share_ratio_and_cannot(tmp_path):
         "kept: `sinusoidal+concat4` 100% (length ratio 1.00), `sinusoidal` 40% (length ratio 0.61)."
         in summary
     )
+    # the machine line is rebuilt from the recorded fields (an older run's stored line may read differently)
+    assert f"; {MACHINE.line()}, fp32 (6 runs))" in summary and ", 1 thread, " in summary
     assert report.comparison("en-de", "learned", "shaw", [])[-1] == "no shaw run of these seeds"
 
 

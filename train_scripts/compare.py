@@ -64,7 +64,7 @@ from hf_posenc.pipeline.evaluation import (
     paired_bootstrap,
     plot_ngram_sweep,
 )
-from hf_posenc.pipeline.hardware import choose_precision, describe_hardware
+from hf_posenc.pipeline.hardware import Hardware, choose_precision, describe_hardware
 from hf_posenc.pipeline.systems import BASELINE, TABLE_TITLES, System, comparison_tables, paper_deviations
 
 logger = logging.getLogger("compare")
@@ -638,9 +638,10 @@ class Report:
         lines = {}
         for run in (r for pair in self.args.pairs for s in SYSTEMS for r in self.runs_of(pair, s)):
             scores = self.read(run, "scores.json")
-            key = f"{scores['hardware']['line']}, {scores['precision']}"
+            key = f"{Hardware.from_record(scores['hardware']).line()}, {scores['precision']}"
             lines[key] = lines.get(key, 0) + 1
-        return "; ".join(f"{line} ({count} runs)" for line, count in lines.items()) or "no run yet"
+        counted = (f"{line} ({count} run{'s' if count != 1 else ''})" for line, count in lines.items())
+        return "; ".join(counted) or "no run yet"
 
     def pair_section(self, pair: str) -> None:
         test = test_set(pair, self.args.test_limit)

@@ -25,7 +25,7 @@ import platform
 import time
 from collections.abc import Callable
 from contextlib import contextmanager, nullcontext
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from functools import partial
 from pathlib import Path
 from types import SimpleNamespace
@@ -97,6 +97,13 @@ class Hardware:
 
     def as_dict(self) -> dict:
         return asdict(self)
+
+    @classmethod
+    def from_record(cls, record: dict) -> "Hardware":
+        """The machine of a run's recorded `as_dict()` (extra keys such as its `line` ignored)."""
+        known = {f.name for f in fields(cls)}
+        values = {key: value for key, value in record.items() if key in known}
+        return cls(**{**values, "bf16_flags": tuple(values.get("bf16_flags", ()))})
 
 
 def describe_hardware(device="cpu") -> Hardware:
@@ -221,6 +228,13 @@ class PrecisionChoice:
 
     def as_dict(self) -> dict:
         return asdict(self)
+
+    @classmethod
+    def from_record(cls, record: dict) -> "Hardware":
+        """The machine of a run's recorded `as_dict()` (extra keys such as its `line` ignored)."""
+        known = {f.name for f in fields(cls)}
+        values = {key: value for key, value in record.items() if key in known}
+        return cls(**{**values, "bf16_flags": tuple(values.get("bf16_flags", ()))})
 
 
 def choose_precision(
@@ -349,6 +363,13 @@ class AttentionChoice:
 
     def as_dict(self) -> dict:
         return asdict(self)
+
+    @classmethod
+    def from_record(cls, record: dict) -> "Hardware":
+        """The machine of a run's recorded `as_dict()` (extra keys such as its `line` ignored)."""
+        known = {f.name for f in fields(cls)}
+        values = {key: value for key, value in record.items() if key in known}
+        return cls(**{**values, "bf16_flags": tuple(values.get("bf16_flags", ()))})
 
 
 def choose_attention_backend(
