@@ -229,13 +229,6 @@ class PrecisionChoice:
     def as_dict(self) -> dict:
         return asdict(self)
 
-    @classmethod
-    def from_record(cls, record: dict) -> "Hardware":
-        """The machine of a run's recorded `as_dict()` (extra keys such as its `line` ignored)."""
-        known = {f.name for f in fields(cls)}
-        values = {key: value for key, value in record.items() if key in known}
-        return cls(**{**values, "bf16_flags": tuple(values.get("bf16_flags", ()))})
-
 
 def choose_precision(
     requested: str,
@@ -363,13 +356,6 @@ class AttentionChoice:
 
     def as_dict(self) -> dict:
         return asdict(self)
-
-    @classmethod
-    def from_record(cls, record: dict) -> "Hardware":
-        """The machine of a run's recorded `as_dict()` (extra keys such as its `line` ignored)."""
-        known = {f.name for f in fields(cls)}
-        values = {key: value for key, value in record.items() if key in known}
-        return cls(**{**values, "bf16_flags": tuple(values.get("bf16_flags", ()))})
 
 
 def choose_attention_backend(
