@@ -122,7 +122,7 @@ def test_tiny_real_comparison_writes_results_and_report_and_resumes(tmp_path, ca
     assert module_rows["shaw"][-2:] == ["not run yet", "not run yet |"]
     summary = readme.read_text().split(compare.SUMMARY_START)[1].split(compare.SUMMARY_END)[0]
     assert (
-        f"3 of {len(compare.TABLES['main'])} main-table systems measured" in summary
+        f"3 of {len(compare.TABLES['main'])} main-table systems measured (3 with 1 seed)" in summary
         and "`sinusoidal`" in summary
     )
     docs = tmp_path / "docs"
@@ -186,7 +186,7 @@ def test_readme_length_cell_reads_k4_share_ratio_and_cannot(tmp_path):
     assert report.module_cells("en-de", "shaw") == ("not run yet", "not run yet")
     summary = report.summary("en-de")[0]  # a length-table row leads the length results, not the BLEU ones
     assert (
-        f"2 of {len(compare.TABLES['main'])} main-table systems measured" in summary
+        f"2 of {len(compare.TABLES['main'])} main-table systems measured (2 with 2 seeds)" in summary
         and "best `sinusoidal` 30.50" in summary
     )
     assert (

@@ -614,7 +614,10 @@ class Report:
             for name, runs in measured.items()
         }
         best = max(mean, key=mean.get)
-        seeds = sorted({len(runs) for runs in measured.values()})
+        counts = [len(runs) for runs in measured.values()]
+        seeds = ", ".join(
+            f"{counts.count(n)} with {n} seed{'s' * (n > 1)}" for n in sorted(set(counts), reverse=True)
+        )
         baseline = f"`{BASELINE}` {mean[BASELINE]:.2f}" if BASELINE in mean else f"`{BASELINE}` not run yet"
         length = ""
         kept = {system: (share, ratio) for share, ratio, system in kept_at_4(*self.length_results(pair))}
@@ -628,7 +631,7 @@ class Report:
         return [
             f"- Comparison of every module (`{self.args.recipe}`, {pair}, test_2016_flickr, written "
             f"{time.strftime('%Y-%m-%d')}; {self.machines()}): {len(measured)} of {len(TABLES['main'])} "
-            f"main-table systems measured, {'/'.join(map(str, seeds))} seed(s) each. Mean BLEU: {baseline}, "
+            f"main-table systems measured ({seeds}). Mean BLEU: {baseline}, "
             f"best `{best}` {mean[best]:.2f}.{length} BLEU and length generalisation per module: the table under "
             "[Positional modules](#positional-modules); tables, verdicts and the papers' claims: "
             "[docs/results.md](docs/results.md).",
