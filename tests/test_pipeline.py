@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import time
+import warnings
 
 import datasets
 import pytest
@@ -123,6 +124,15 @@ def test_logged_loss_is_the_true_token_level_loss_with_accumulation_and_no_smoot
     trainer.train()
     logged = trainer.state.log_history[0]["loss"]
     assert logged == pytest.approx(total / tokens, rel=1e-4)
+
+
+def test_token_budget_loader_on_a_cpu_pins_nothing_and_warns_nothing(tmp_path):
+    trainer = build_trainer(tmp_path, max_steps=1)
+    trainer.args.dataloader_pin_memory = True  # the Trainer's default unless use_cpu, as in train.py
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        batch = next(iter(trainer.get_train_dataloader()))
+    assert batch["input_ids"].numel() <= 600
 
 
 def save_checkpoint(folder, seed, step, eval_losses):

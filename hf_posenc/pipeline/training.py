@@ -60,12 +60,13 @@ class TranslationTrainer(Seq2SeqTrainer):
             return super().get_train_dataloader()
         dataset = self.train_dataset.remove_columns(["length"])
         sampler = TokenBudgetBatchSampler(self.train_dataset["length"], self.max_tokens, seed=self.args.seed)
+        # pinned memory only speeds copies to an accelerator; on a CPU torch warns once an epoch
         loader = DataLoader(
             dataset,
             batch_sampler=sampler,
             collate_fn=self.data_collator,
             num_workers=self.args.dataloader_num_workers,
-            pin_memory=self.args.dataloader_pin_memory,
+            pin_memory=self.args.dataloader_pin_memory and torch.accelerator.is_available(),
         )
         return self.accelerator.prepare(loader)
 
