@@ -383,7 +383,10 @@ def plot_length_generalisation(
     from matplotlib.ticker import ScalarFormatter
 
     figure, (bleu_axis, ratio_axis) = plt.subplots(1, 2, figsize=(11, 4))
-    for name, result in results.items():
+    colours = plt.get_cmap("tab20").colors
+    for index, (name, result) in enumerate(results.items()):
+        # 20 colours, then the next line style: each of up to 60 models has its own look
+        style = {"color": colours[index % 20], "linestyle": ("-", "--", ":")[index // 20 % 3], "marker": "o"}
         rows = result[series]
         scored = [row for row in rows if row["bleu"] is not None]
         impossible = [
@@ -391,18 +394,19 @@ def plot_length_generalisation(
         ]
         label = name + (f" (cannot: {', '.join(impossible)})" if impossible else "")
         x = [row["mean_source_tokens"] for row in scored]
-        bleu_axis.plot(x, [row["bleu"] for row in scored], marker="o", label=label)
-        ratio_axis.plot(x, [row["length_ratio"] for row in scored], marker="o", label=label)
+        bleu_axis.plot(x, [row["bleu"] for row in scored], label=label, **style)
+        ratio_axis.plot(x, [row["length_ratio"] for row in scored], **style)
     ratio_axis.axhline(1.0, color="grey", linewidth=0.8)
     for axis, ylabel in ((bleu_axis, "BLEU"), (ratio_axis, "hypothesis / reference length")):
         axis.set_xscale("log", base=2)
         axis.xaxis.set_major_formatter(ScalarFormatter())
         axis.set_xlabel("mean source tokens")
         axis.set_ylabel(ylabel)
-    bleu_axis.legend(fontsize=7)
     figure.suptitle(title or f"length generalisation ({series})")
     figure.tight_layout()
-    figure.savefig(path, dpi=110)
+    # below both axes, so that no number of models covers a curve
+    figure.legend(loc="upper center", bbox_to_anchor=(0.5, 0), ncol=3, fontsize=7, frameon=False)
+    figure.savefig(path, dpi=110, bbox_inches="tight")
     plt.close(figure)
 
 
