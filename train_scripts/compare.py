@@ -311,13 +311,14 @@ CLAIMS = [
     ("2", "gating helps relative attention", "relative_attention", "relative_attention-no-gating", ">"),
     ("2", "gating does not help content attention", "attention+gating", BASELINE, "≈"),
     ("2", "rPosNet in cross-attention alone is weak", "rposnet@C", BASELINE, "<"),
-    (
-        "2",
-        "rPosNet in decoder self-attention helps only with it in the encoder",
-        "rposnet",
-        "rposnet@DS",
-        ">",
-    ),
+    # Table 5: rPosNet in encoder self-attention helps in every combination; in decoder self-attention only
+    # with it in the encoder too; both self-attentions the best placement
+    ("2", "placement: encoder self-attention helps (alone)", "rposnet@ES", BASELINE, ">"),
+    ("2", "placement: encoder self-attention helps (with DS)", "rposnet", "rposnet@DS", ">"),
+    ("2", "placement: encoder self-attention helps (with C)", "rposnet@ES+C", "rposnet@C", ">"),
+    ("2", "placement: encoder self-attention helps (with DS+C)", "rposnet@ES+DS+C", "rposnet@DS+C", ">"),
+    ("2", "placement: decoder self-attention alone does not help", "rposnet@DS", BASELINE, "≤"),
+    ("2", "placement: decoder self-attention helps with it in the encoder", "rposnet", "rposnet@ES", ">"),
     ("2", "chain: GLU helps light convolution", "lightconv", "lightconv-no-glu", ">"),
     ("2", "chain: GeLU gating ≥ GLU", "lightconv+gelu-gating", "lightconv", "≥"),
     (
@@ -338,6 +339,8 @@ CLAIMS = [
     ("3", "MPRHead ≥ Transformer", "mpr_head", BASELINE, "≥"),
     ("3", "RPEs in encoder and decoder ≥ encoder only", "rpe_head", "rpe_head@encoder", "≥"),
     ("3", "RPEs in encoder and decoder ≥ decoder only", "rpe_head", "rpe_head@decoder", "≥"),
+    ("3", "MPRHead in encoder and decoder ≥ encoder only", "mpr_head", "mpr_head@encoder", "≥"),
+    ("3", "MPRHead in encoder and decoder ≥ decoder only", "mpr_head", "mpr_head@decoder", "≥"),
     ("3", "MPRHead > RPEHead", "mpr_head", "rpe_head", ">"),
     ("3", "no PE in the decoder: slightly lower", "nope-decoder", BASELINE, "≤"),
     (
