@@ -4,6 +4,7 @@ Each case: what is given, the error expected, and words its message must contain
 
 import gzip
 import json
+import shutil
 import sys
 
 import pytest
@@ -206,6 +207,20 @@ def test_resuming_last_skips_a_half_written_checkpoint(tmp_path, caplog):
     # the record says which updates this attempt made, not "4 updates in <this attempt's minutes>"
     assert (scores["steps"], scores["updates_this_attempt"], scores["resumed_from"]) == (4, 3, "checkpoint-1")
     assert "4 updates (3 of them in this attempt's" in (tmp_path / "run" / "README.md").read_text()
+
+
+@pytest.mark.skipif(not DATA_DIR.is_dir(), reason="shared data folder absent")
+def test_resuming_a_run_cut_off_after_its_last_checkpoint_makes_no_further_update(tmp_path):
+    """The Trainer's loop checks the budget only after an update: resuming at the budget must not call it."""
+    flags = tiny_run_flags(tmp_path)
+    first = train.main([*flags, "--max_steps", "2", "--save_strategy", "steps", "--save_steps", "1"])
+    weights = (tmp_path / "run" / "model.safetensors").read_bytes()
+    shutil.rmtree(tmp_path / "run")  # cut off while decoding: the checkpoints hold the whole budget
+    again = train.main([*flags, "--max_steps", "2", "--save_strategy", "steps", "--save_steps", "1",
+                        "--resume_from_checkpoint", "last"])  # fmt: skip
+    assert (again["steps"], again["updates_this_attempt"], again["resumed_from"]) == (2, 0, "checkpoint-2")
+    assert not (tmp_path / "run-checkpoints" / "checkpoint-3").exists()
+    assert (tmp_path / "run" / "model.safetensors").read_bytes() == weights and again["bleu"] == first["bleu"]
 
 
 def test_a_resumed_time_budget_counts_the_time_already_spent():

@@ -578,11 +578,16 @@ def train(args: Arguments, model, data: PreparedData, precision) -> tuple[Transl
     resume = resume_checkpoint(args)
     first_step = json.loads((Path(resume) / "trainer_state.json").read_text())["global_step"] if resume else 0
     started = time.monotonic()
-    result = trainer.train(resume_from_checkpoint=resume)
+    if resume and 0 < training.max_steps <= first_step:  # the Trainer would make one update past the budget
+        logger.info("%s holds the whole budget of %d updates: loading it, no further update", resume, first_step)
+        average_into(trainer.model, [Path(resume)])
+        steps = first_step
+    else:
+        steps = trainer.train(resume_from_checkpoint=resume).global_step
     seconds = time.monotonic() - started
-    report = TrainingReport(result.global_step, seconds / 60, trainer.target_tokens, trainer.target_tokens / seconds,
+    report = TrainingReport(steps, seconds / 60, trainer.target_tokens, trainer.target_tokens / seconds,
                             check.estimate if check else None, resume and Path(resume).name,
-                            result.global_step - first_step)  # fmt: skip
+                            steps - first_step)  # fmt: skip
     return trainer, report
 
 
