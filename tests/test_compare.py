@@ -225,3 +225,24 @@ def test_verdicts_need_seed_noise_as_well_as_significance():
 )  # fmt: skip
 def test_claim_verdicts(expected, measured, call):
     assert compare.claim_verdict(expected, measured) == call
+
+
+def test_runs_off_their_update_budget_or_trained_on_a_gpu_are_marked(tmp_path):
+    args = compare.parse_args(["--results_dir", str(tmp_path), "--seeds", "1", "2"])
+    gpu = Hardware("cuda", "a test GPU", "9.0", 1, "2.11.0+cu130")
+    for seed, steps, machine in ((1, 1600, MACHINE), (2, 1601, gpu)):
+        run = compare.Run(args.recipe, "en-de", "sinusoidal", seed)
+        run.folder(tmp_path).mkdir(parents=True)
+        scores = {
+            "steps": steps,
+            "hardware": machine.as_dict(),
+            "averaged_checkpoints": ["checkpoint-1300", "checkpoint-1601"],
+        }
+        (run.folder(tmp_path) / "scores.json").write_text(json.dumps(scores))
+        (run.folder(tmp_path) / "settings.json").write_text(json.dumps(compare.run_settings(run, args)))
+    report, notes = compare.Report(args), {}
+    assert [report.marks(run, notes) for run in report.runs_of("en-de", "sinusoidal")] == ["", "†‡"]
+    assert notes == {
+        "† 1601 updates against a budget of 1600": ["`sinusoidal` seed 2 (averaged checkpoint-1300 to checkpoint-1601)"],
+        f"‡ trained on {gpu.line()}": ["`sinusoidal` seed 2"],
+    }  # fmt: skip

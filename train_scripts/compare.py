@@ -664,6 +664,7 @@ class Report:
         self.lines += [f"### {TABLE_TITLES[table]}", "", "| system | config | parameters | BLEU per seed | BLEU | Δ BLEU | "
                        "chrF++ | bootstrap vs sinusoidal (BLEU p per seed) | verdict |",
                        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]  # fmt: skip
+        notes: dict[str, list[str]] = {}  # footnote -> the runs it is about
         for system in TABLES[table]:
             overrides = "; ".join(
                 [
@@ -681,12 +682,38 @@ class Report:
                 call = "degenerate: " + "; ".join(f"seed {seed}: {s[0]}" for seed, s in degenerate.items())
             chrf = [self.read(run, "scores.json")["chrf++"] for run in runs]
             parameters = self.read(runs[0], "scores.json")["parameters"] / 1e6
+            per_seed = " / ".join(
+                f"{b:.2f}{self.marks(run, notes)}" for run, b in zip(runs, bleu, strict=True)
+            )
             self.lines.append(
-                f"| {system.name} | {overrides} | {parameters:.2f}M | {' / '.join(f'{b:.2f}' for b in bleu)} | "
+                f"| {system.name} | {overrides} | {parameters:.2f}M | {per_seed} | "
                 f"{mean_sd(bleu)} | {'' if delta is None else f'{delta:+.2f}'} | {mean_sd(chrf)} | "
                 f"{bootstrap_cell(tests)} | {call} |"
             )
         self.lines.append("")
+        for mark, runs in notes.items():
+            self.lines += [f"{mark}: {', '.join(runs)}.", ""]
+
+    def marks(self, run: Run, notes: dict[str, list[str]]) -> str:
+        """† for a run whose updates differ from its budget, ‡ for one trained on a GPU; `notes` collects the
+        footnotes that say which runs and how."""
+        scores, settings = self.read(run, "scores.json"), self.read(run, "settings.json")
+        arguments = settings["train_arguments"]
+        budget = (int(arguments[arguments.index("--max_steps") + 1]) if "--max_steps" in arguments
+                  else None if settings["recipe"].get("minutes") else settings["recipe"].get("max_steps"))  # fmt: skip
+        marks = ""
+        if budget is not None and scores["steps"] != budget:
+            marks += "†"
+            averaged = scores.get("averaged_checkpoints") or ["final weights"]
+            notes.setdefault(f"† {scores['steps']} updates against a budget of {budget}", []).append(
+                f"`{run.system}` seed {run.seed} (averaged {averaged[0]} to {averaged[-1]})"
+            )
+        if scores["hardware"]["device"] != "cpu":
+            marks += "‡"
+            notes.setdefault(f"‡ trained on {Hardware.from_record(scores['hardware']).line()}", []).append(
+                f"`{run.system}` seed {run.seed}"
+            )
+        return marks
 
     def length_results(self, pair: str) -> tuple[dict[str, dict], set[str]]:
         """The first seed's length-generalisation results of every system that has one, and the systems whose

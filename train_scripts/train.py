@@ -579,7 +579,9 @@ def train(args: Arguments, model, data: PreparedData, precision) -> tuple[Transl
     first_step = json.loads((Path(resume) / "trainer_state.json").read_text())["global_step"] if resume else 0
     started = time.monotonic()
     if resume and 0 < training.max_steps <= first_step:  # the Trainer would make one update past the budget
-        logger.info("%s holds the whole budget of %d updates: loading it, no further update", resume, first_step)
+        logger.info(
+            "%s holds the whole budget of %d updates: loading it, no further update", resume, first_step
+        )
         average_into(trainer.model, [Path(resume)])
         steps = first_step
     else:
