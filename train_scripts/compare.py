@@ -4,7 +4,7 @@
     python train_scripts/compare.py --tables main --seeds 1 2 3 --pairs en-de en-fr
     python train_scripts/compare.py --stop_after_minutes 120          # one chunk; run it again to continue
     python train_scripts/compare.py --report_only                     # rebuild docs/results.md
-    python train_scripts/compare.py --recipe multi30k-en-de-small --max_steps 6000 --jobs 4 --threads 4  # GPU
+    python train_scripts/compare.py --seeds 2 3 --jobs 9 --precision bf16  # one GPU, nine runs at a time
 
 The systems and tables come from the registries (`hf_posenc.pipeline.systems`): every module's main system,
 and the ablation rows the module classes declare. Each run is `train_scripts/train.py` in its own process
@@ -298,6 +298,10 @@ CLAIMS = [
     ("1", "Adaptive-T5 ≈ SAPE", "adaptive_t5", BASELINE, "≈"),
     ("1", "PosNet-Attn well below SAPE", "posnet_attn", BASELINE, "<"),
     ("1", "PosNet-Embed ≥ SAPE", "posnet_embed", BASELINE, "≥"),
+    # Fig. 3 (d_model 512): d_p 128 best, 96 detrimental; here d_model 256, the same d_p values
+    ("1", "d_p sweep: 96 detrimental (128 > 96)", "posnet_embed", "posnet_embed-dp96", ">"),
+    ("1", "d_p sweep: 128 best (≥ 64)", "posnet_embed", "posnet_embed-dp64", "≥"),
+    ("1", "d_p sweep: 128 best (≥ 256)", "posnet_embed", "posnet_embed-dp256", "≥"),
     ("2", "rPosNet ≈ content attention", "rposnet", BASELINE, "≈"),
     ("2", "rPosNet ≈ Shaw RPE", "rposnet", "shaw", "≈"),
     ("2", "aPosNet < content attention", "aposnet", BASELINE, "<"),
@@ -342,6 +346,11 @@ CLAIMS = [
     ("3", "MPRHead in encoder and decoder ≥ encoder only", "mpr_head", "mpr_head@encoder", "≥"),
     ("3", "MPRHead in encoder and decoder ≥ decoder only", "mpr_head", "mpr_head@decoder", "≥"),
     ("3", "MPRHead > RPEHead", "mpr_head", "rpe_head", ">"),
+    # Fig. 2 (d_model 512): BLEU rises with d_r up to 320 (RPEHead) and 256 (MPRHead), then falls; here d_model
+    # 256, so the same shares are 160 and 128
+    ("3", "d_r sweep: RPEHead rises with d_r (128 > 64)", "rpe_head", "rpe_head-dr64", ">"),
+    ("3", "d_r sweep: MPRHead rises with d_r up to d_model/2 (128 > 64)", "mpr_head", "mpr_head-dr64", ">"),
+    ("3", "d_r sweep: MPRHead falls past d_model/2 (128 ≥ 192)", "mpr_head", "mpr_head-dr192", "≥"),
     ("3", "no PE in the decoder: slightly lower", "nope-decoder", BASELINE, "≤"),
     (
         "3",
