@@ -243,6 +243,6 @@ def test_runs_off_their_update_budget_or_trained_on_a_gpu_are_marked(tmp_path):
     report, notes = compare.Report(args), {}
     assert [report.marks(run, notes) for run in report.runs_of("en-de", "sinusoidal")] == ["", "†‡"]
     assert notes == {
-        "† 1601 updates against a budget of 1600": ["`sinusoidal` seed 2 (averaged checkpoint-1300 to checkpoint-1601)"],
+        "† 1601 updates against a budget of 1600, checkpoint-1300 to checkpoint-1601 averaged": ["`sinusoidal` seed 2"],
         f"‡ trained on {gpu.line()}": ["`sinusoidal` seed 2"],
     }  # fmt: skip

@@ -713,10 +713,9 @@ class Report:
         marks = ""
         if budget is not None and scores["steps"] != budget:
             marks += "†"
-            averaged = scores.get("averaged_checkpoints") or ["final weights"]
-            notes.setdefault(f"† {scores['steps']} updates against a budget of {budget}", []).append(
-                f"`{run.system}` seed {run.seed} (averaged {averaged[0]} to {averaged[-1]})"
-            )
+            averaged = scores.get("averaged_checkpoints") or ["the final weights"]
+            off = f"† {scores['steps']} updates against a budget of {budget}, {averaged[0]} to {averaged[-1]} averaged"
+            notes.setdefault(off, []).append(f"`{run.system}` seed {run.seed}")
         if scores["hardware"]["device"] != "cpu":
             marks += "‡"
             notes.setdefault(f"‡ trained on {Hardware.from_record(scores['hardware']).line()}", []).append(
