@@ -483,6 +483,9 @@ class Report:
         self.current: dict[Run, bool] = {}  # finished run -> made with this report's settings
         finished = self.root.joinpath(args.recipe).glob("*/*/seed*/settings.json")
         self.seeds = sorted({*args.seeds, *(int(path.parent.name.removeprefix("seed")) for path in finished)})
+        recipe = load_recipe(args.recipe)
+        # every reported run's update budget (its settings match this report's); None under a time budget
+        self.budget = args.max_steps or (None if recipe.get("minutes") else recipe.get("max_steps"))
 
     def runs_of(self, pair: str, system: str) -> list[Run]:
         """The finished runs made with this report's settings; a run of another protocol (a changed recipe or
@@ -543,7 +546,7 @@ class Report:
     def write(self) -> Path:
         args = self.args
         recipe = load_recipe(args.recipe)
-        budget = args.max_steps or recipe.get("max_steps")
+        budget = self.budget or f"{recipe['minutes']} minutes of"
         self.lines += [
             f"# Results: every positional module on Multi30k, recipe `{args.recipe}`",
             "",
@@ -706,15 +709,11 @@ class Report:
     def marks(self, run: Run, notes: dict[str, list[str]]) -> str:
         """† for a run whose updates differ from its budget, ‡ for one trained on a GPU; `notes` collects the
         footnotes that say which runs and how."""
-        scores, settings = self.read(run, "scores.json"), self.read(run, "settings.json")
-        arguments = settings["train_arguments"]
-        budget = (int(arguments[arguments.index("--max_steps") + 1]) if "--max_steps" in arguments
-                  else None if settings["recipe"].get("minutes") else settings["recipe"].get("max_steps"))  # fmt: skip
-        marks = ""
-        if budget is not None and scores["steps"] != budget:
+        scores, marks = self.read(run, "scores.json"), ""
+        if self.budget is not None and scores["steps"] != self.budget:
             marks += "†"
             averaged = scores.get("averaged_checkpoints") or ["the final weights"]
-            off = f"† {scores['steps']} updates against a budget of {budget}, {averaged[0]} to {averaged[-1]} averaged"
+            off = f"† {scores['steps']} updates against a budget of {self.budget}, {averaged[0]} to {averaged[-1]} averaged"
             notes.setdefault(off, []).append(f"`{run.system}` seed {run.seed}")
         if scores["hardware"]["device"] != "cpu":
             marks += "‡"
