@@ -147,8 +147,11 @@ def test_readme_length_cell_reads_k4_share_ratio_and_cannot(tmp_path):
         "learned": [{"k": 1, "bleu": 28.0, "cannot": None}, {"k": 4, "bleu": None, "cannot": {"max_positions": 128}}],
         "sinusoidal+concat4": [{"k": 1, "bleu": 29.0, "cannot": None}, {"k": 4, "bleu": 29.0, "length_ratio": 1.0, "cannot": None}],
     }  # fmt: skip
-    for system, joined in rows.items():
+    # sinusoidal's second seed keeps less at k = 4: the length cells are means over seeds with their spread
+    second = {"sinusoidal": [{"k": 1, "bleu": 30.0, "cannot": None}, {"k": 4, "bleu": 9.0, "length_ratio": 0.51, "cannot": None}]}  # fmt: skip
+    for system, first in rows.items():
         for seed, bleu in ((1, 30.0), (2, 31.0)):
+            joined = second.get(system, first) if seed == 2 else first
             run = compare.Run(args.recipe, "en-de", system, seed)
             folder = run.folder(tmp_path)
             folder.mkdir(parents=True)
@@ -177,7 +180,7 @@ def test_readme_length_cell_reads_k4_share_ratio_and_cannot(tmp_path):
     assert report.module_cells("en-de", "alibi") == ("not run yet", "not run yet")
     assert report.current[stale] is False
     assert report.module_cells("en-de", "sinusoidal") == (
-        "30.50 ± 0.71 (2 seeds)", "k = 4: 40% of k = 1 BLEU, length ratio 0.61"
+        "30.50 ± 0.71 (2 seeds)", "k = 4: 35 ± 7% of k = 1 BLEU, length ratio 0.56"
     )  # fmt: skip
     assert report.module_cells("en-de", "learned") == (
         "30.50 ± 0.71 (2 seeds, 1 degenerate)",
@@ -190,7 +193,7 @@ def test_readme_length_cell_reads_k4_share_ratio_and_cannot(tmp_path):
         and "best `sinusoidal` 30.50" in summary
     )
     assert (
-        "kept: `sinusoidal+concat4` 100% (length ratio 1.00), `sinusoidal` 40% (length ratio 0.61)."
+        "kept: `sinusoidal+concat4` 100 ± 0% (length ratio 1.00), `sinusoidal` 35 ± 7% (length ratio 0.56)."
         in summary
     )
     # the machine line is rebuilt from the recorded fields (an older run's stored line may read differently)

@@ -23,6 +23,7 @@ from hf_posenc.analysis.length_generalisation import (
     length_generalisation,
     length_generalisation_for_model_dir,
     main,
+    mean_over_seeds,
     measure_length_generalisation,
     plot_length_generalisation,
     results_table,
@@ -351,3 +352,32 @@ def test_sentence_ends_show_a_translator_that_writes_one_sentence_per_input():
     ]
     assert "| k=4 joined | 2 | " in results_table(result) and results_table(result).count("1.00 / 4.00") == 1
     assert sentence_ends({"inputs": 3, "hyp_sentence_ends": None}) == "–"  # results from before the count
+
+
+def test_mean_over_seeds_averages_each_row_and_keeps_a_table_limit():
+    def result(bleu, ratio, cannot=None):
+        joined = [
+            {"k": 1, "bleu": bleu, "length_ratio": ratio, "cannot": None},
+            {
+                "k": 8,
+                "bleu": None if cannot else 1.0,
+                "length_ratio": None if cannot else 0.3,
+                "cannot": cannot,
+            },
+        ]
+        return {
+            "joined": joined,
+            "buckets": [{"bucket": ">40", "bleu": None, "length_ratio": None, "cannot": None}],
+        }
+
+    limit = {"positions": 130, "max_positions": 128, "module": "learned"}
+    mean = mean_over_seeds([result(30.0, 0.9), result(32.0, 1.0, cannot=limit)])
+    assert mean["seeds"] == 2
+    assert (mean["joined"][0]["bleu"], mean["joined"][0]["length_ratio"]) == (31.0, 0.95)
+    assert mean["joined"][1]["cannot"] == limit and mean["joined"][1]["bleu"] is None
+    assert mean["buckets"][0]["bleu"] is None  # an empty bucket stays unscored
+    assert "| mean | 31.0 | 0.95 | cannot (>128 pos.) |" in comparison_table({"mean": mean})
+    other = result(30.0, 0.9)
+    other["joined"] = other["joined"][:1]
+    with pytest.raises(ValueError, match=r"joined rows differ \(\[\[1, 8\], \[1\]\]\)"):
+        mean_over_seeds([result(30.0, 0.9), other])

@@ -50,6 +50,7 @@ from hf_posenc.analysis.length_generalisation import (
     cannot_cell,
     comparison_table,
     length_generalisation_for_model_dir,
+    mean_over_seeds,
     plot_length_generalisation,
     sentence_ends,
 )
@@ -412,14 +413,30 @@ def kept_at(result: dict, k: int) -> tuple[float, float] | None:
     return joined["bleu"] / first["bleu"], joined["length_ratio"]
 
 
-def kept_at_4(measured: dict[str, dict], degenerate: set[str]) -> list[tuple[float, float, str]]:
-    """(share of the k = 1 BLEU kept at k = 4, length ratio there, system) of every length result
-    (`Report.length_results`) whose run is not degenerate, best first."""
-    kept = [
-        (*share_ratio, system)
-        for system, result in measured.items()
-        if system not in degenerate and (share_ratio := kept_at(result, 4)) is not None
-    ]
+def kept_over_seeds(results: list[dict], k: int) -> tuple[list[float], float] | None:
+    """(every seed's share of its k = 1 BLEU kept with k sentences joined, the mean length ratio there) of one
+    system's length results, or None where a seed has no score there."""
+    kept = [kept_at(result, k) for result in results]
+    if None in kept:
+        return None
+    return [share for share, _ in kept], statistics.mean(ratio for _, ratio in kept)
+
+
+def kept_cell(shares: list[float]) -> str:
+    """'18%' for one seed, '18 ± 1%' (mean ± standard deviation over seeds) for several."""
+    if len(shares) < 2:
+        return f"{100 * shares[0]:.0f}%"
+    return f"{100 * statistics.mean(shares):.0f} ± {100 * statistics.stdev(shares):.0f}%"
+
+
+def kept_at_4(measured: dict[str, list[dict]], degenerate: set[str]) -> list[tuple[float, str, float, str]]:
+    """(mean share of the k = 1 BLEU kept at k = 4, `kept_cell`, mean length ratio there, system) of every
+    system's length results (`Report.length_results`) but the degenerate ones, best first."""
+    kept = []
+    for system, results in measured.items():
+        if system not in degenerate and (over_seeds := kept_over_seeds(results, 4)) is not None:
+            shares, ratio = over_seeds
+            kept.append((statistics.mean(shares), kept_cell(shares), ratio, system))
     return sorted(kept, reverse=True)
 
 
@@ -606,14 +623,14 @@ class Report:
             return "not run yet", "not run yet"
         bleu = [self.read(run, "scores.json")["bleu"] for run in runs]
         degenerate = sum(bool(self.degenerate(run)) for run in runs)
-        result = self.read(runs[0], "length_generalisation.json")
-        fourth = joined_at(result, 4)
+        results, _ = self.length_runs(pair, system)
+        fourth = joined_at(results[0], 4)
         if fourth is not None and fourth["cannot"] is not None:
             length = f"k = 4: {cannot_cell(fourth['cannot'])}"
-        elif (kept := kept_at(result, 4)) is None:
+        elif (kept := kept_over_seeds(results, 4)) is None:
             length = "not measured at k = 4"
         else:
-            length = f"k = 4: {kept[0]:.0%} of k = 1 BLEU, length ratio {kept[1]:.2f}"
+            length = f"k = 4: {kept_cell(kept[0])} of k = 1 BLEU, length ratio {kept[1]:.2f}"
         seeds = f"{len(bleu)} seed{'s' * (len(bleu) > 1)}" + (
             f", {degenerate} degenerate" if degenerate else ""
         )
@@ -635,13 +652,13 @@ class Report:
         )
         baseline = f"`{BASELINE}` {mean[BASELINE]:.2f}" if BASELINE in mean else f"`{BASELINE}` not run yet"
         length = ""
-        kept = {system: (share, ratio) for share, ratio, system in kept_at_4(*self.length_results(pair))}
+        kept = {system: (cell, ratio) for _, cell, ratio, system in kept_at_4(*self.length_results(pair))}
         if kept:
             longest = next(iter(kept))  # kept_at_4 sorts best first
             shown = [longest] if longest == BASELINE or BASELINE not in kept else [longest, BASELINE]
-            cells = [f"`{s}` {100 * kept[s][0]:.0f}% (length ratio {kept[s][1]:.2f})" for s in shown]
+            cells = [f"`{s}` {kept[s][0]} (length ratio {kept[s][1]:.2f})" for s in shown]
             length = (
-                f" Inputs of 4 test sentences joined (first seed), 1-sentence BLEU kept: {', '.join(cells)}."
+                f" Inputs of 4 test sentences joined (over seeds), 1-sentence BLEU kept: {', '.join(cells)}."
             )
         return [
             f"- Comparison of every module (`{self.args.recipe}`, {pair}, test_2016_flickr, written "
@@ -722,15 +739,21 @@ class Report:
             )
         return marks
 
-    def length_results(self, pair: str) -> tuple[dict[str, dict], set[str]]:
-        """The first seed's length-generalisation results of every system that has one, and the systems whose
-        first-seed run is degenerate."""
+    def length_runs(self, pair: str, system: str) -> tuple[list[dict], bool]:
+        """(the length-generalisation results of the system's runs that are not degenerate, False), or (those
+        of all its runs, True) where every run is degenerate."""
+        runs = self.runs_of(pair, system)
+        sound = [run for run in runs if not self.degenerate(run)]
+        return [self.read(run, "length_generalisation.json") for run in sound or runs], not sound
+
+    def length_results(self, pair: str) -> tuple[dict[str, list[dict]], set[str]]:
+        """Every seed's length-generalisation results (`length_runs`) of every system that has a run, and the
+        systems whose every run is degenerate."""
         results, degenerate = {}, set()
         for system in SYSTEMS:
-            runs = self.runs_of(pair, system)
-            if runs:
-                results[system] = self.read(runs[0], "length_generalisation.json")
-                if self.degenerate(runs[0]):
+            if self.runs_of(pair, system):
+                results[system], garbage = self.length_runs(pair, system)
+                if garbage:
                     degenerate.add(system)
         return results, degenerate
 
@@ -738,14 +761,20 @@ class Report:
         measured, degenerate = self.length_results(pair)
         if not measured:
             return
-        results = {f"{s} (degenerate run)" if s in degenerate else s: r for s, r in measured.items()}
+        results = {
+            f"{s} (degenerate runs)" if s in degenerate else s: mean_over_seeds(r)
+            for s, r in measured.items()
+        }
         name = f"results_{pair}_length.png"
         plot_length_generalisation(
-            results, self.docs / name, title=f"length generalisation, {pair}, first seed"
+            results, self.docs / name, title=f"length generalisation, {pair}, mean over seeds"
         )
         buckets = f"results_{pair}_length_buckets.png"
         plot_length_generalisation(
-            results, self.docs / buckets, series="buckets", title=f"source-length buckets, {pair}, first seed"
+            results,
+            self.docs / buckets,
+            series="buckets",
+            title=f"source-length buckets, {pair}, mean over seeds",
         )
         kept = kept_at_4(measured, degenerate)
         ends = [
@@ -754,17 +783,19 @@ class Report:
             if (row := joined_at(result, 4)) and row.get("hyp_sentence_ends") is not None
         ]
         meeting = [
-            f"`{s}` ({100 * share:.0f}%, ratio {ratio:.2f})"
-            for share, ratio, s in kept
+            f"`{s}` ({cell}, ratio {ratio:.2f})"
+            for share, cell, ratio, s in kept
             if share >= 0.7 and ratio >= 0.9
         ]
         self.lines += [
-            "### Length generalisation (joined test sentences, first seed)",
+            "### Length generalisation (joined test sentences, every seed)",
             "",
             "k consecutive test sentences joined into one input (sources with sources, references with references); "
-            'BLEU and hypothesis/reference length ratio per k. "cannot": the input needs more positions than the '
-            "model's table holds. Share of the k = 1 BLEU kept at k = 4, best first: "
-            + ", ".join(f"`{s}` {100 * share:.0f}% (ratio {ratio:.2f})" for share, ratio, s in kept[:8])
+            "BLEU and hypothesis/reference length ratio per k, each the mean over the system's seeds (the tables "
+            'above give their number; a degenerate run is left out). "cannot": the input needs more positions '
+            "than the model's table holds. Share of the k = 1 BLEU kept at k = 4 (mean ± standard deviation of "
+            "the seeds' shares), best first: "
+            + ", ".join(f"`{s}` {cell} (ratio {ratio:.2f})" for _, cell, ratio, s in kept[:8])
             + ". Target (≥ 70% kept and length ratio ≥ 0.9 at k = 4): "
             + (", ".join(meeting) if meeting else "met by no system")
             + "."

@@ -327,6 +327,32 @@ def comparison_table(results: dict[str, dict], series: str = "joined") -> str:
     return "\n".join(lines)
 
 
+def mean_over_seeds(results: Sequence[dict]) -> dict:
+    """One result whose every row (k, or bucket) holds the mean scores of several seeds' results of one system
+    on the same test set. A row one seed could not take is "cannot" (the table size is the config's, so every
+    seed shares it); a row left unscored by one seed stays unscored."""
+    mean = {"seeds": len(results)}
+    for series in SERIES:
+        key = "k" if series == "joined" else "bucket"
+        labels = [[row[key] for row in result[series]] for result in results]
+        if any(label != labels[0] for label in labels):
+            raise ValueError(
+                f"the seeds' {series} rows differ ({labels}); only results of one harness setting average"
+            )
+        mean[series] = [mean_row(rows) for rows in zip(*(result[series] for result in results), strict=True)]
+    return mean
+
+
+def mean_row(rows: Sequence[dict]) -> dict:
+    """The mean of one k's (or bucket's) row over seeds; inputs and source lengths are the test set's."""
+    cannot = next((row["cannot"] for row in rows if row["cannot"] is not None), None)
+    mean = {**rows[0], "cannot": cannot}
+    for name in SCORE_KEYS:
+        values = [row.get(name) for row in rows]
+        mean[name] = None if cannot or None in values else statistics.mean(values)
+    return mean
+
+
 def sentence_ends(row: dict) -> str:
     """Sentence ends per input of a scored row, as hypotheses / references ("–" in results from before they
     were counted)."""
