@@ -112,11 +112,12 @@ def test_tiny_real_comparison_writes_results_and_report_and_resumes(tmp_path, ca
     assert (
         probe["shuffle"]["equivariance_gap"] < 1e-5
     )  # no positions anywhere: Eq. 9 holds in the trained model
+    none_bleu = json.loads((results / "scores.json").read_text())["bleu"]
+    assert f"| none | 1 | {none_bleu:.2f} | 0.000 | 0.000 | " in page  # the probe table's row
     module_rows = {
         line.split(" | ")[0].strip("| `"): line.split(" | ") for line in readme.read_text().splitlines()
         if line.startswith("| `")
     }  # fmt: skip
-    none_bleu = json.loads((results / "scores.json").read_text())["bleu"]
     assert module_rows["none"][-2:] == [f"{none_bleu:.2f} (1 seed)", "not measured at k = 4 |"]
     assert module_rows["attention"][-2] == module_rows["sinusoidal"][-2] != "not run yet"
     assert module_rows["shaw"][-2:] == ["not run yet", "not run yet |"]
