@@ -6,6 +6,7 @@ Scores are computed on detokenised text with sacreBLEU: BLEU (13a tokenisation) 
 baseline system, marked at p < 0.05 and p < 0.10.
 """
 
+import threading
 import time
 from pathlib import Path
 
@@ -20,6 +21,9 @@ SMALL_TEST_SET = 100  # sentences: below this, corpus BLEU says little
 # Mean cosine between a sentence's encoder outputs at which the encoder counts as collapsed (finished comparison
 # runs: 0.09-0.14 working; 0.997 and 0.914 in two whose decoders ignored the source).
 COLLAPSED_ENCODER = 0.9
+# `from_pretrained` builds the model under process-wide state (the meta-device init context): two loads in threads
+# of one process (compare.py's runs) leave the tied embeddings and lm_head on the meta device, so loads take turns.
+_LOADING = threading.Lock()
 
 
 @torch.no_grad()
@@ -283,5 +287,6 @@ def load_translation_model(folder, trust_remote_code: bool = False):
         raise ValueError(
             f"{folder} has no tokenizer (tokenizer.json); save the tokenizer beside the model, as train.py does"
         )
-    model = AutoModelForSeq2SeqLM.from_pretrained(folder, trust_remote_code=trust_remote_code)
-    return model, AutoTokenizer.from_pretrained(folder, trust_remote_code=trust_remote_code)
+    with _LOADING:
+        model = AutoModelForSeq2SeqLM.from_pretrained(folder, trust_remote_code=trust_remote_code)
+        return model, AutoTokenizer.from_pretrained(folder, trust_remote_code=trust_remote_code)
