@@ -21,8 +21,9 @@ SMALL_TEST_SET = 100  # sentences: below this, corpus BLEU says little
 # Mean cosine between a sentence's encoder outputs at which the encoder counts as collapsed (finished comparison
 # runs: 0.09-0.14 working; 0.997 and 0.914 in two whose decoders ignored the source).
 COLLAPSED_ENCODER = 0.9
-# `from_pretrained` builds the model under process-wide state (the meta-device init context): two loads in threads
-# of one process (compare.py's runs) leave the tied embeddings and lm_head on the meta device, so loads take turns.
+# `from_pretrained` swaps process-wide functions while it builds a model (transformers' `no_tie_weights` and
+# `no_init_weights` patch `PreTrainedModel` and `torch.nn.init`): two loads in threads of one process (compare.py's
+# runs) can restore each other's patches, leaving the tied embeddings and lm_head on the meta device. Loads take turns.
 _LOADING = threading.Lock()
 
 
