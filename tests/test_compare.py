@@ -202,6 +202,30 @@ def test_readme_length_cell_reads_k4_share_ratio_and_cannot(tmp_path):
     assert report.comparison("en-de", "learned", "shaw", [])[-1] == "no shaw run of these seeds"
 
 
+def test_report_covers_every_pair_with_runs_and_names_the_ablation_tables_not_run(tmp_path):
+    """A chunk that trained another pair (an En-Fr main table beside the En-De tables) is reported with the
+    `--pairs` of a later chunk; an ablation table whose own rows have no run of a pair is named, not drawn."""
+    flags = ["--results_dir", str(tmp_path), "--seeds", "1"]
+    args = compare.parse_args(flags)
+    for pair, system in (("en-de", "sinusoidal"), ("en-de", "rposnet-no-gating"), ("en-fr", "sinusoidal"),
+                         ("en-fr", "rposnet")):  # fmt: skip
+        run = compare.Run(args.recipe, pair, system, 1)
+        run.folder(tmp_path).mkdir(parents=True)
+        scores = {"steps": 1600, "hardware": MACHINE.as_dict(), "precision": "bf16"}
+        (run.folder(tmp_path) / "scores.json").write_text(json.dumps(scores))
+        (run.folder(tmp_path) / "settings.json").write_text(json.dumps(compare.run_settings(run, args)))
+    report = compare.Report(args)
+    assert report.pairs == ["en-de", "en-fr"]
+    assert report.shown_tables("en-de") == (
+        ["main", "gating"],
+        [t for t in compare.TABLES if t not in ("main", "gating")],
+    )
+    # rposnet is a main-table system: its En-Fr run does not draw the gating table
+    assert report.shown_tables("en-fr") == (["main"], [t for t in compare.TABLES if t != "main"])
+    assert report.machines().endswith("bf16 (4 runs)")
+    assert compare.Report(compare.parse_args([*flags, "--pairs", "en-fr"])).pairs == ["en-fr", "en-de"]
+
+
 def test_verdicts_need_seed_noise_as_well_as_significance():
     """A gap is better/worse only beyond two seed standard deviations and with every seed's bootstrap
     significant; with a single seed of system and baseline no seed noise is known, so no call is made."""

@@ -487,8 +487,9 @@ def claim_verdict(expected: str, measured: str) -> str:
 
 
 class Report:
-    """docs/results.md for one recipe, built from the results folder: a section per language pair, with every seed
-    of `--seeds` or finished in the results folder (a chunk that trains some seeds reports all of them)."""
+    """docs/results.md for one recipe, built from the results folder: a section per language pair of `--pairs` or
+    finished in the results folder, with every seed of `--seeds` or finished there (a chunk that trains some
+    seeds or pairs reports all of them)."""
 
     def __init__(self, args):
         self.args = args
@@ -498,8 +499,9 @@ class Report:
         self.lines: list[str] = []
         self.bootstraps: dict[tuple[Run, Run], dict] = {}
         self.current: dict[Run, bool] = {}  # finished run -> made with this report's settings
-        finished = self.root.joinpath(args.recipe).glob("*/*/seed*/settings.json")
+        finished = list(self.root.joinpath(args.recipe).glob("*/*/seed*/settings.json"))
         self.seeds = sorted({*args.seeds, *(int(path.parent.name.removeprefix("seed")) for path in finished)})
+        self.pairs = [*args.pairs, *sorted({path.parents[2].name for path in finished} - set(args.pairs))]
         recipe = load_recipe(args.recipe)
         # every reported run's update budget (its settings match this report's); None under a time budget
         self.budget = args.max_steps or (None if recipe.get("minutes") else recipe.get("max_steps"))
@@ -587,7 +589,7 @@ class Report:
             "settings but where the config column says otherwise.",
             "",
         ]
-        for pair in args.pairs:
+        for pair in self.pairs:
             self.pair_section(pair)
         path = Path(args.report)
         kept = path.read_text().partition(NOTES_MARKER)[2] if path.is_file() else ""
@@ -671,7 +673,7 @@ class Report:
 
     def machines(self) -> str:
         lines = {}
-        for run in (r for pair in self.args.pairs for s in SYSTEMS for r in self.runs_of(pair, s)):
+        for run in (r for pair in self.pairs for s in SYSTEMS for r in self.runs_of(pair, s)):
             scores = self.read(run, "scores.json")
             key = f"{Hardware.from_record(scores['hardware']).line()}, {scores['precision']}"
             lines[key] = lines.get(key, 0) + 1
@@ -681,13 +683,26 @@ class Report:
     def pair_section(self, pair: str) -> None:
         test = test_set(pair, self.args.test_limit)
         self.lines += [f"## {pair}", ""]
-        for table in self.args.tables:
+        shown, unrun = self.shown_tables(pair)
+        for table in shown:
             self.table(pair, table, test.target)
+        if unrun:
+            self.lines += [f"Not run for {pair}: {'; '.join(TABLE_TITLES[t] for t in unrun)}.", ""]
         self.length_section(pair)
         self.claims(pair, test.target)
         self.probe_table(pair)
         self.sweep(pair, test.target)
         self.pictures(pair)
+
+    def shown_tables(self, pair: str) -> tuple[list[str], list[str]]:
+        """The tables of `--tables` shown for a pair, and those named in one line instead: the main table always
+        shows, an ablation table once one of its own rows (not a main-table system) has a run for the pair."""
+        main = {system.name for system in TABLES["main"]}
+        unrun = [
+            table for table in self.args.tables if table != "main"
+            and not any(self.runs_of(pair, s.name) for s in TABLES[table] if s.name not in main)
+        ]  # fmt: skip
+        return [table for table in self.args.tables if table not in unrun], unrun
 
     def table(self, pair: str, table: str, references: list[str]) -> None:
         self.lines += [f"### {TABLE_TITLES[table]}", "", "| system | config | parameters | BLEU per seed | BLEU | Δ BLEU | "
@@ -891,7 +906,7 @@ class Report:
     def pictures(self, pair: str) -> None:
         """What each main-table model learned about positions (first seed), drawn from its model folder when it
         is on this machine; a picture drawn earlier is kept otherwise."""
-        self.lines += ["### What the models learned about positions", ""]
+        pictures = []
         for system in TABLES["main"]:
             runs = self.runs_of(pair, system.name)
             if not runs:
@@ -904,7 +919,9 @@ class Report:
                 if not plot_learned_positions(model, self.docs / name, title=title):
                     (self.docs / name).unlink(missing_ok=True)
             if (self.docs / name).is_file():
-                self.lines += [f"`{system.name}`:", "", f"![{system.name}]({name})", ""]
+                pictures += [f"`{system.name}`:", "", f"![{system.name}]({name})", ""]
+        if pictures:
+            self.lines += ["### What the models learned about positions", "", *pictures]
 
 
 def main(argv=None):
