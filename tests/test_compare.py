@@ -222,7 +222,8 @@ def test_report_covers_every_pair_with_runs_and_names_the_ablation_tables_not_ru
     )
     # rposnet is a main-table system: its En-Fr run does not draw the gating table
     assert report.shown_tables("en-fr") == (["main"], [t for t in compare.TABLES if t != "main"])
-    assert report.machines().endswith("bf16 (4 runs)")
+    assert report.machines().endswith("bf16 (4 runs)")  # the report's header: every pair
+    assert report.machines(["en-fr"]).endswith("bf16 (2 runs)")  # a pair's summary: its own runs
     assert compare.Report(compare.parse_args([*flags, "--pairs", "en-fr"])).pairs == ["en-fr", "en-de"]
 
 

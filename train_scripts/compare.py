@@ -664,16 +664,17 @@ class Report:
             )
         return [
             f"- Comparison of every module (`{self.args.recipe}`, {pair}, test_2016_flickr, written "
-            f"{time.strftime('%Y-%m-%d')}; {self.machines()}): {len(measured)} of {len(TABLES['main'])} "
+            f"{time.strftime('%Y-%m-%d')}; {self.machines([pair])}): {len(measured)} of {len(TABLES['main'])} "
             f"main-table systems measured ({seeds}). Mean BLEU: {baseline}, "
             f"best `{best}` {mean[best]:.2f}.{length} BLEU and length generalisation per module: the table under "
             "[Positional modules](#positional-modules); tables, verdicts and the papers' claims: "
             "[docs/results.md](docs/results.md).",
         ]
 
-    def machines(self) -> str:
+    def machines(self, pairs: list[str] | None = None) -> str:
+        """The machines that trained the runs of `pairs` (default: every reported pair), with their counts."""
         lines = {}
-        for run in (r for pair in self.pairs for s in SYSTEMS for r in self.runs_of(pair, s)):
+        for run in (r for pair in pairs or self.pairs for s in SYSTEMS for r in self.runs_of(pair, s)):
             scores = self.read(run, "scores.json")
             key = f"{Hardware.from_record(scores['hardware']).line()}, {scores['precision']}"
             lines[key] = lines.get(key, 0) + 1
