@@ -211,8 +211,15 @@ def test_report_covers_every_pair_with_runs_and_names_the_ablation_tables_not_ru
                          ("en-fr", "rposnet")):  # fmt: skip
         run = compare.Run(args.recipe, pair, system, 1)
         run.folder(tmp_path).mkdir(parents=True)
-        scores = {"steps": 1600, "hardware": MACHINE.as_dict(), "precision": "bf16"}
+        scores = {"bleu": 30.0, "steps": 1600, "hardware": MACHINE.as_dict(), "precision": "bf16"}
         (run.folder(tmp_path) / "scores.json").write_text(json.dumps(scores))
+        joined = [
+            {"k": 1, "bleu": 30.0, "cannot": None},
+            {"k": 4, "bleu": 6.0, "length_ratio": 0.5, "cannot": None},
+        ]
+        (run.folder(tmp_path) / "length_generalisation.json").write_text(json.dumps({"joined": joined}))
+        hypotheses = "\n".join(f"Phrase {i}." for i in range(120)).encode()
+        (run.folder(tmp_path) / f"test.hyp.{run.target_lang}.gz").write_bytes(gzip.compress(hypotheses))
         (run.folder(tmp_path) / "settings.json").write_text(json.dumps(compare.run_settings(run, args)))
     report = compare.Report(args)
     assert report.pairs == ["en-de", "en-fr"]
@@ -225,6 +232,13 @@ def test_report_covers_every_pair_with_runs_and_names_the_ablation_tables_not_ru
     assert report.machines().endswith("bf16 (4 runs)")  # the report's header: every pair
     assert report.machines(["en-fr"]).endswith("bf16 (2 runs)")  # a pair's summary: its own runs
     assert compare.Report(compare.parse_args([*flags, "--pairs", "en-fr"])).pairs == ["en-fr", "en-de"]
+    readme = tmp_path / "README.md"
+    readme.write_text((compare.REPO / "README.md").read_text())
+    report.write_readme(readme, "en-de")
+    summary = readme.read_text().split(compare.SUMMARY_START)[1].split(compare.SUMMARY_END)[0]
+    assert [line.split(", test_2016_flickr")[0] for line in summary.strip().splitlines()] == [
+        f"- Comparison of every module (`{args.recipe}`, {pair}" for pair in ("en-de", "en-fr")
+    ]
 
 
 def test_verdicts_need_seed_noise_as_well_as_significance():

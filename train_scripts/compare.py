@@ -600,7 +600,7 @@ class Report:
 
     def write_readme(self, readme: Path, pair: str) -> None:
         """The BLEU and length-generalisation cells of the README's module table (the `attention` row is the
-        baseline's model) and the summary between its markers, from the first pair's results."""
+        baseline's model) from the first pair's results, and between its markers a summary of every pair's."""
         lines = readme.read_text().split("\n")
         if MODULE_TABLE_HEADER not in lines or SUMMARY_START not in lines or SUMMARY_END not in lines:
             raise ValueError(f"{readme} lacks the module table header or the results summary markers")
@@ -615,7 +615,7 @@ class Report:
                 cells[-2:] = [bleu, f"{length} |"]
                 lines[i] = " | ".join(cells)
         first, last = lines.index(SUMMARY_START), lines.index(SUMMARY_END)
-        lines[first + 1 : last] = self.summary(pair)
+        lines[first + 1 : last] = [line for each in self.pairs for line in self.summary(each)]
         readme.write_text("\n".join(lines))
 
     def module_cells(self, pair: str, system: str) -> tuple[str, str]:
