@@ -239,6 +239,7 @@ def test_report_covers_every_pair_with_runs_and_names_the_ablation_tables_not_ru
     assert [line.split(", test_2016_flickr")[0] for line in summary.strip().splitlines()] == [
         f"- Comparison of every module (`{args.recipe}`, {pair}" for pair in ("en-de", "en-fr")
     ]
+    assert summary.count("(#positional-modules)") == 1  # the module table is the first pair's
 
 
 def test_verdicts_need_seed_noise_as_well_as_significance():

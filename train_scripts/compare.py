@@ -666,9 +666,14 @@ class Report:
             f"- Comparison of every module (`{self.args.recipe}`, {pair}, test_2016_flickr, written "
             f"{time.strftime('%Y-%m-%d')}; {self.machines([pair])}): {len(measured)} of {len(TABLES['main'])} "
             f"main-table systems measured ({seeds}). Mean BLEU: {baseline}, "
-            f"best `{best}` {mean[best]:.2f}.{length} BLEU and length generalisation per module: the table under "
-            "[Positional modules](#positional-modules); tables, verdicts and the papers' claims: "
-            "[docs/results.md](docs/results.md).",
+            f"best `{best}` {mean[best]:.2f}.{length} "
+            + (  # the README's module table shows the first pair
+                "BLEU and length generalisation per module: the table under [Positional modules](#positional-modules); "
+                "tables, verdicts and the papers' claims: "
+                if pair == self.pairs[0]
+                else "Tables, verdicts and the papers' claims: "
+            )
+            + "[docs/results.md](docs/results.md).",
         ]
 
     def machines(self, pairs: list[str] | None = None) -> str:
