@@ -615,7 +615,7 @@ class Report:
                 cells[-2:] = [bleu, f"{length} |"]
                 lines[i] = " | ".join(cells)
         first, last = lines.index(SUMMARY_START), lines.index(SUMMARY_END)
-        lines[first + 1 : last] = [line for each in self.pairs for line in self.summary(each)]
+        lines[first + 1 : last] = [line for each in self.pairs for line in self.summary(each, each == pair)]
         readme.write_text("\n".join(lines))
 
     def module_cells(self, pair: str, system: str) -> tuple[str, str]:
@@ -638,7 +638,8 @@ class Report:
         )
         return f"{mean_sd(bleu)} ({seeds})", length
 
-    def summary(self, pair: str) -> list[str]:
+    def summary(self, pair: str, in_module_table: bool = True) -> list[str]:
+        """The README's summary line of a pair; `in_module_table`: the README's module table shows this pair."""
         measured = {s.name: self.runs_of(pair, s.name) for s in TABLES["main"]}
         measured = {name: runs for name, runs in measured.items() if runs}
         if not measured:
@@ -667,10 +668,10 @@ class Report:
             f"{time.strftime('%Y-%m-%d')}; {self.machines([pair])}): {len(measured)} of {len(TABLES['main'])} "
             f"main-table systems measured ({seeds}). Mean BLEU: {baseline}, "
             f"best `{best}` {mean[best]:.2f}.{length} "
-            + (  # the README's module table shows the first pair
+            + (
                 "BLEU and length generalisation per module: the table under [Positional modules](#positional-modules); "
                 "tables, verdicts and the papers' claims: "
-                if pair == self.pairs[0]
+                if in_module_table
                 else "Tables, verdicts and the papers' claims: "
             )
             + "[docs/results.md](docs/results.md).",
