@@ -83,3 +83,63 @@ def multi30k_dir():
     if not DATA_DIR.is_dir():
         pytest.skip(f"shared data folder {DATA_DIR} is absent on this machine")
     return DATA_DIR
+
+
+class RecordingHubApi:
+    """Stands in for `huggingface_hub.HfApi` (no network here). Every call is bound against the real `HfApi`
+    method's signature (a parameter the real API lacks fails the test) and recorded with its arguments;
+    `visibility` holds the repositories that exist (repo id -> private)."""
+
+    def __init__(self, real_api: type, token=None):
+        self.real_api = real_api
+        self.token = token
+        self.calls: list[tuple] = []
+        self.visibility: dict[str, bool] = {}
+
+    def record(self, name, *args, **kwargs) -> dict:
+        import inspect
+
+        bound = inspect.signature(getattr(self.real_api, name)).bind(self, *args, **kwargs).arguments
+        bound.pop("self")
+        self.calls.append((name, bound))
+        return bound
+
+    def create_repo(self, *args, **kwargs):
+        from types import SimpleNamespace
+
+        call = self.record("create_repo", *args, **kwargs)
+        if call["repo_id"] in self.visibility and not call.get("exist_ok"):
+            raise RuntimeError(f"{call['repo_id']} exists")
+        self.visibility.setdefault(call["repo_id"], bool(call.get("private")))
+        return SimpleNamespace(repo_id=call["repo_id"])
+
+    def repo_info(self, *args, **kwargs):
+        from types import SimpleNamespace
+
+        call = self.record("repo_info", *args, **kwargs)
+        return SimpleNamespace(private=self.visibility[call["repo_id"]])
+
+    def create_branch(self, *args, **kwargs):
+        self.record("create_branch", *args, **kwargs)
+
+    def upload_folder(self, *args, **kwargs):
+        from types import SimpleNamespace
+
+        call = self.record("upload_folder", *args, **kwargs)
+        call["files"] = sorted(path.name for path in Path(call["folder_path"]).iterdir())
+        return SimpleNamespace(commit_url=f"https://hub.invalid/{call['repo_id']}/commit/1")
+
+
+@pytest.fixture
+def hub(monkeypatch):
+    """The Hub API every `HfApi(token=...)` of the code under test gets (one recorder per test)."""
+    import huggingface_hub
+
+    recorder = RecordingHubApi(huggingface_hub.HfApi)
+
+    def api(token=None):
+        recorder.token = token
+        return recorder
+
+    monkeypatch.setattr(huggingface_hub, "HfApi", api)
+    return recorder

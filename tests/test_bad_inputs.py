@@ -5,20 +5,17 @@ Each case: what is given, the error expected, and words its message must contain
 import gzip
 import json
 import shutil
-import sys
 
 import pytest
 import torch
-from conftest import DATA_DIR, REPO, source_batch, tiny_model
+from conftest import DATA_DIR, source_batch, tiny_model
 
 from hf_posenc import MarianPosEncConfig
+from hf_posenc.pipeline import arguments, run
 from hf_posenc.pipeline.averaging import average_state_dicts, select_checkpoints
 from hf_posenc.pipeline.data import read_lines
 from hf_posenc.pipeline.evaluation import load_translation_model, paired_bootstrap
 from hf_posenc.pipeline.training import TimeBudgetCallback
-
-sys.path.insert(0, str(REPO / "train_scripts"))
-import train  # noqa: E402
 
 # train.py flags whose value alone is wrong: refused by the parser (exit 2) with these words.
 BAD_FLAGS = [
@@ -33,7 +30,22 @@ BAD_FLAGS = [
     (["--train_limit", "-5"], ["--train_limit=-5 must be at least 1"]),
     (["--train_limit", "0"], ["--train_limit=0 must be at least 1"]),
     (["--test_limit", "0"], ["--test_limit=0 must be at least 1"]),
-    (["--minutes", "-1"], ["--minutes=-1.0 must be at least 0"]),
+    (["--minutes", "-1"], ["--minutes=-1.0 must be a finite number, at least 0"]),
+    (["--minutes", "nan"], ["--minutes=nan must be a finite number"]),
+    (["--minutes", "inf"], ["--minutes=inf must be a finite number"]),
+    (["--save_strategy", "steps", "--save_steps", "0"], ["--save_steps=0.0 must be at least 1"]),
+    (["--length_penalty", "nan"], ["--length_penalty=nan must be a finite number"]),
+    (["--learning_rate", "-0.001"], ["--learning_rate=-0.001 must be a finite number, at least 0"]),
+    (["--learning_rate", "0"], ["--learning_rate=0 trains nothing"]),
+    (["--dropout", "1.5"], ["--dropout=1.5 must be a finite number, at least 0 and at most 1"]),
+    (["--config_overrides", '{"posnet_dim": "wide"}'], ["invalid model settings", "posnet_dim"]),
+    (["--max_tokens", "20"], ["--max_tokens=20 cannot hold a sentence of --max_length=128 tokens"]),
+    (["--hub_private_repo", "true"], ["--hub_private_repo given without --push_to_hub"]),
+    (
+        ["--push_to_hub", "--hub_model_id", "a/b", "--hub_strategy", "checkpoint"],
+        ["--hub_strategy=checkpoint is not supported", "allowed: end"],
+    ),
+    (["--push_to_hub", "--hub_model_id", "a/b", "--hub_always_push"], ["--hub_always_push is not supported"]),
     (["--max_steps", "0"], ["--max_steps=0 must be positive"]),
     (["--max_steps", "-3"], ["--max_steps=-3 must be positive"]),
     (["--save_strategy", "steps", "--save_steps", "-1"], ["--save_steps=-1"]),
@@ -50,7 +62,10 @@ BAD_FLAGS = [
         ["--minutes", "0", "--max_steps", "120", "--average_last", "5"],
         ["writes 2 checkpoints, fewer than the 5"],
     ),
-    (["--concat_probability", "1.5"], ["--concat_probability=1.5 must be in [0, 1]"]),
+    (
+        ["--concat_probability", "1.5"],
+        ["--concat_probability=1.5 must be a finite number, at least 0 and at most 1"],
+    ),
     (
         ["--concat_probability", "0.5", "--concat_group_sizes", "2", "1"],
         ["--concat_group_sizes=[2, 1]", "whole numbers >= 2"],
@@ -63,7 +78,7 @@ BAD_FLAGS = [
 @pytest.mark.parametrize("flags, words", BAD_FLAGS, ids=[" ".join(f) for f, _ in BAD_FLAGS])
 def test_bad_train_flags_are_refused_by_the_parser_naming_the_flag(flags, words, capsys):
     with pytest.raises(SystemExit) as exit_info:
-        train.parse_args(["--recipe", "multi30k-en-de-small", *flags])
+        arguments.parse_args(["--recipe", "multi30k-en-de-small", *flags])
     assert exit_info.value.code == 2
     message = capsys.readouterr().err
     for word in words:
@@ -79,9 +94,9 @@ def test_bad_train_flags_are_refused_by_the_parser_naming_the_flag(flags, words,
 )  # fmt: skip
 def test_bad_recipes_name_the_recipe_file(recipe, words, tmp_path, monkeypatch, capsys):
     (tmp_path / "bad.yaml").write_text(recipe)
-    monkeypatch.setattr(train, "RECIPES", tmp_path)
+    monkeypatch.setattr(arguments, "RECIPES", tmp_path)
     with pytest.raises(SystemExit):
-        train.parse_args(["--recipe", "bad"])
+        arguments.parse_args(["--recipe", "bad"])
     message = capsys.readouterr().err
     for word in words:
         assert word in message, message
@@ -186,24 +201,24 @@ def tiny_run_flags(tmp_path):
 @pytest.mark.skipif(not DATA_DIR.is_dir(), reason="shared data folder absent")
 def test_a_finished_run_is_not_overwritten_without_asking(tmp_path):
     flags = tiny_run_flags(tmp_path)
-    first = train.main([*flags, "--max_steps", "2"])
-    with pytest.raises(SystemExit, match="already hold a run; resume it with --resume_from_checkpoint last"):
-        train.main([*flags, "--max_steps", "3"])
+    first = run.main([*flags, "--max_steps", "2"])
+    with pytest.raises(ValueError, match="already hold a run; resume it with --resume_from_checkpoint last"):
+        run.main([*flags, "--max_steps", "3"])
     assert json.loads((tmp_path / "run" / "scores.json").read_text())["steps"] == first["steps"] == 2
-    assert train.main([*flags, "--max_steps", "3", "--overwrite_output_dir"])["steps"] == 3
+    assert run.main([*flags, "--max_steps", "3", "--overwrite_output_dir"])["steps"] == 3
     assert not (tmp_path / "run.partial").exists()  # the folder is written beside and renamed into place
 
 
 @pytest.mark.skipif(not DATA_DIR.is_dir(), reason="shared data folder absent")
 def test_resuming_last_skips_a_half_written_checkpoint(tmp_path, caplog):
     flags = tiny_run_flags(tmp_path)
-    train.main([*flags, "--max_steps", "2", "--save_strategy", "steps", "--save_steps", "1"])
+    run.main([*flags, "--max_steps", "2", "--save_strategy", "steps", "--save_steps", "1"])
     checkpoints = tmp_path / "run-checkpoints"
     (checkpoints / "checkpoint-2" / "trainer_state.json").unlink()  # cut off while being written
-    args = train.parse_args([*flags, "--max_steps", "4", "--resume_from_checkpoint", "last"])
-    assert train.resume_checkpoint(args) == str(checkpoints / "checkpoint-1")
+    args = arguments.parse_args([*flags, "--max_steps", "4", "--resume_from_checkpoint", "last"])
+    assert run.resume_checkpoint(args) == str(checkpoints / "checkpoint-1")
     assert "checkpoint-2 is incomplete (no trainer_state.json): trying the one before" in caplog.text
-    scores = train.main([*flags, "--max_steps", "4", "--resume_from_checkpoint", "last"])
+    scores = run.main([*flags, "--max_steps", "4", "--resume_from_checkpoint", "last"])
     # the record says which updates this attempt made, not "4 updates in <this attempt's minutes>"
     assert (scores["steps"], scores["updates_this_attempt"], scores["resumed_from"]) == (4, 3, "checkpoint-1")
     assert "4 updates (3 of them in this attempt's" in (tmp_path / "run" / "README.md").read_text()
@@ -213,10 +228,10 @@ def test_resuming_last_skips_a_half_written_checkpoint(tmp_path, caplog):
 def test_resuming_a_run_cut_off_after_its_last_checkpoint_makes_no_further_update(tmp_path):
     """The Trainer's loop checks the budget only after an update: resuming at the budget must not call it."""
     flags = tiny_run_flags(tmp_path)
-    first = train.main([*flags, "--max_steps", "2", "--save_strategy", "steps", "--save_steps", "1"])
+    first = run.main([*flags, "--max_steps", "2", "--save_strategy", "steps", "--save_steps", "1"])
     weights = (tmp_path / "run" / "model.safetensors").read_bytes()
     shutil.rmtree(tmp_path / "run")  # cut off while decoding: the checkpoints hold the whole budget
-    again = train.main([*flags, "--max_steps", "2", "--save_strategy", "steps", "--save_steps", "1",
+    again = run.main([*flags, "--max_steps", "2", "--save_strategy", "steps", "--save_steps", "1",
                         "--resume_from_checkpoint", "last"])  # fmt: skip
     assert (again["steps"], again["updates_this_attempt"], again["resumed_from"]) == (2, 0, "checkpoint-2")
     assert not (tmp_path / "run-checkpoints" / "checkpoint-3").exists()
@@ -247,12 +262,14 @@ def test_a_resumed_time_budget_counts_the_time_already_spent():
 @pytest.mark.skipif(not DATA_DIR.is_dir(), reason="shared data folder absent")
 def test_a_checkpoint_with_truncated_weights_is_named_and_skipped(tmp_path, caplog):
     flags = tiny_run_flags(tmp_path)
-    train.main([*flags, "--max_steps", "2", "--save_strategy", "steps", "--save_steps", "1"])
+    run.main([*flags, "--max_steps", "2", "--save_strategy", "steps", "--save_steps", "1"])
     weights = tmp_path / "run-checkpoints" / "checkpoint-2" / "model.safetensors"
     weights.write_bytes(weights.read_bytes()[:64])
-    args = train.parse_args([*flags, "--max_steps", "4", "--resume_from_checkpoint", "last"])
-    assert train.resume_checkpoint(args).endswith("checkpoint-1")
+    args = arguments.parse_args([*flags, "--max_steps", "4", "--resume_from_checkpoint", "last"])
+    assert run.resume_checkpoint(args).endswith("checkpoint-1")
     assert "checkpoint-2/model.safetensors cannot be read" in caplog.text
-    explicit = train.parse_args([*flags, "--max_steps", "4", "--resume_from_checkpoint", str(weights.parent)])
+    explicit = arguments.parse_args(
+        [*flags, "--max_steps", "4", "--resume_from_checkpoint", str(weights.parent)]
+    )
     with pytest.raises(ValueError, match="checkpoint-2/model.safetensors cannot be read"):
-        train.resume_checkpoint(explicit)
+        run.resume_checkpoint(explicit)

@@ -6,17 +6,13 @@ import gzip
 import json
 import logging
 import shutil
-import sys
 
+import compare  # noqa: E402
 import pytest
-from conftest import REPO
 
+from hf_posenc.pipeline import arguments
 from hf_posenc.pipeline.hardware import Hardware
 from hf_posenc.pipeline.systems import paper_deviations
-
-sys.path.insert(0, str(REPO / "train_scripts"))
-import compare  # noqa: E402
-import train  # noqa: E402
 
 MACHINE = Hardware("cpu", "a test machine", "AVX2", 1, "2.13.0+cpu")
 TINY_RUN = "--d_model 32 --layers 1 --heads 2 --ffn_dim 64 --vocab_size 300 --train_limit 600"
@@ -28,8 +24,8 @@ def test_every_system_is_a_valid_training_command(system):
     run = compare.Run(compare.DEFAULT_RECIPE, "en-de", system, 1)
     args = compare.parse_args([])
     args.run_precision = "fp32"
-    train_args = train.parse_args([*compare.train_arguments(run, args), "--output_dir", "unused"])
-    config = train.model_config(train_args, 100, 0, 1)
+    train_args = arguments.parse_args([*compare.train_arguments(run, args), "--output_dir", "unused"])
+    config = arguments.model_config(train_args, 100, 0, 1)
     for field, value in compare.SYSTEMS[system].overrides.items():
         assert getattr(config, field) == value
     for field, value in compare.SYSTEMS[system].training.items():  # training options: train.py's data fields

@@ -1,12 +1,7 @@
 """The tables docs/ derives from the code (recipes, module hyperparameters) are current: a recipe or a
 hyperparameter that changes without `make docs` fails here."""
 
-import sys
-
-from conftest import REPO
-
-sys.path.insert(0, str(REPO / "train_scripts"))
-import reference_tables  # noqa: E402
+from hf_posenc.pipeline import reference_tables
 
 
 def test_generated_doc_tables_match_the_code(capsys):

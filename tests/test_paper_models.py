@@ -1,16 +1,11 @@
 """A module's name builds the paper's model: paper 1 Table 1's parameter counts from the wmt14-en-de-base
 recipe and the default settings, and the papers' big and small recipe settings."""
 
-import sys
-
 import pytest
 import torch
-from conftest import REPO
 
 from hf_posenc import MarianPosEncForConditionalGeneration
-
-sys.path.insert(0, str(REPO / "train_scripts"))
-import train  # noqa: E402  (train_scripts/ is a folder of scripts, not a package)
+from hf_posenc.pipeline import arguments
 
 # Paper 1 Table 1 (En-De column, millions): SAPE 63.08, and each row's count. The RPE row (63.37, "following
 # Shaw et al.") is not reproduced: see test_rpe_is_shaws_base_configuration.
@@ -25,8 +20,8 @@ SAPE = 63.08
 
 def base_model_parameters(*flags: str) -> int:
     """Parameters of the model train.py builds from the wmt14-en-de-base recipe, built on the meta device."""
-    args = train.parse_args(["--recipe", "wmt14-en-de-base", "--output_dir", "unused", *flags])
-    config = train.model_config(args, vocab_size=37000, pad=0, eos=1)
+    args = arguments.parse_args(["--recipe", "wmt14-en-de-base", "--output_dir", "unused", *flags])
+    config = arguments.model_config(args, vocab_size=37000, pad=0, eos=1)
     with torch.device("meta"):
         return MarianPosEncForConditionalGeneration(config).num_parameters()
 
@@ -58,8 +53,8 @@ def test_rpe_is_shaws_base_configuration():
 
 def test_posnet_attn_is_one_kernel_table_for_the_whole_model_by_default():
     model = MarianPosEncForConditionalGeneration(
-        train.model_config(
-            train.parse_args(
+        arguments.model_config(
+            arguments.parse_args(
                 [
                     "--recipe",
                     "wmt14-en-de-base",
@@ -86,7 +81,9 @@ def test_posnet_attn_is_one_kernel_table_for_the_whole_model_by_default():
 @pytest.mark.parametrize("recipe", ["wmt14-en-de-big", "wmt14-en-fr-big"])
 def test_big_recipes_carry_the_papers_big_settings(recipe):
     """PosNet d_p 256 (paper 1 §5), rPosNet and LightConv window 8 (paper 2 §5.2), Shaw's k = 8 (Shaw et al.)."""
-    config = train.model_config(train.parse_args(["--recipe", recipe, "--output_dir", "unused"]), 37000, 0, 1)
+    config = arguments.model_config(
+        arguments.parse_args(["--recipe", recipe, "--output_dir", "unused"]), 37000, 0, 1
+    )
     assert (config.d_model, config.encoder_attention_heads, config.encoder_ffn_dim) == (1024, 16, 4096)
     assert config.posnet_dim == 256
     assert config.rposnet_max_relative_position == 8
@@ -96,8 +93,8 @@ def test_big_recipes_carry_the_papers_big_settings(recipe):
 
 
 def test_base_recipe_keeps_the_base_settings():
-    config = train.model_config(
-        train.parse_args(["--recipe", "wmt14-en-de-base", "--output_dir", "unused"]), 37000, 0, 1
+    config = arguments.model_config(
+        arguments.parse_args(["--recipe", "wmt14-en-de-base", "--output_dir", "unused"]), 37000, 0, 1
     )
     assert (config.posnet_dim, config.rposnet_max_relative_position, config.lightconv_kernel_radius) == (
         128,
@@ -110,8 +107,8 @@ def test_base_recipe_keeps_the_base_settings():
 def test_paper_2_small_recipe_has_eight_heads_and_beam_12():
     """Paper 2 §5.2: Small = Base with FFN 1024 and dropout 0.3; its Table 3 LinearNet count (32.0M) implies 8
     heads with 128-position tables; §5.3: beam 12, the average of the best checkpoint and the 29 after it."""
-    args = train.parse_args(["--recipe", "iwslt14-de-en-small", "--output_dir", "unused"])
-    config = train.model_config(args, 10000, 0, 1)
+    args = arguments.parse_args(["--recipe", "iwslt14-de-en-small", "--output_dir", "unused"])
+    config = arguments.model_config(args, 10000, 0, 1)
     assert (config.d_model, config.encoder_attention_heads, config.encoder_ffn_dim, config.dropout) == (
         512,
         8,

@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 import warnings
+from pathlib import Path
 
 import datasets
 import pytest
@@ -16,12 +17,12 @@ import torch
 from conftest import REPO, tiny_model
 from safetensors.torch import load_file
 
-sys.path.insert(0, str(REPO / "train_scripts"))
+sys.path.insert(0, str(REPO / "train_scripts"))  # until these two scripts are thin over the library
 import average_checkpoints  # noqa: E402
 import evaluate_translation  # noqa: E402
-import train  # noqa: E402
 from trainer_probe import build_trainer  # noqa: E402
 
+from hf_posenc.pipeline import arguments, run
 from hf_posenc.pipeline.averaging import average_state_dicts, select_checkpoints  # noqa: E402
 from hf_posenc.pipeline.data import parallel_from_translation_dataset, read_lines  # noqa: E402
 from hf_posenc.pipeline.evaluation import ngram_sweep, paired_bootstrap, plot_ngram_sweep  # noqa: E402
@@ -29,14 +30,14 @@ from hf_posenc.pipeline.evaluation import ngram_sweep, paired_bootstrap, plot_ng
 PROBE = REPO / "tests" / "trainer_probe.py"
 
 
-@pytest.mark.parametrize("recipe", train.recipe_names())
+@pytest.mark.parametrize("recipe", arguments.recipe_names())
 def test_every_recipe_parses_into_valid_arguments(recipe):
-    args = train.parse_args(["--recipe", recipe])
+    args = arguments.parse_args(["--recipe", recipe])
     assert args.run.recipe == recipe and args.data.max_tokens > 0 and args.training.learning_rate > 0
 
 
 def test_wmt_recipes_follow_paper_one():
-    args = train.parse_args(["--recipe", "wmt14-en-de-base"])
+    args = arguments.parse_args(["--recipe", "wmt14-en-de-base"])
     training = args.training
     assert (training.learning_rate, training.warmup_steps, training.label_smoothing_factor) == (
         7e-4,
@@ -50,11 +51,11 @@ def test_wmt_recipes_follow_paper_one():
         150000,
     )
     assert args.run.average_last == 5 and training.lr_scheduler_type == "inverse_sqrt"
-    assert train.repo_path(args.data.test_source).is_file()  # newstest2014 is shipped
+    assert Path(args.data.test_source).is_file()  # newstest2014 is shipped
 
 
 def test_command_line_overrides_the_recipe():
-    args = train.parse_args(
+    args = arguments.parse_args(
         ["--recipe", "multi30k-en-de-tiny", "--d_model", "64", "--position_encoding", "learned",
          "--learning_rate", "0.01"]
     )  # fmt: skip
@@ -64,10 +65,10 @@ def test_command_line_overrides_the_recipe():
 
 def test_unknown_recipe_or_module_lists_the_valid_ones(capsys):
     with pytest.raises(SystemExit):
-        train.parse_args(["--recipe", "wmt15"])
+        arguments.parse_args(["--recipe", "wmt15"])
     assert "unknown recipe 'wmt15'; available: iwslt14-de-en-small" in capsys.readouterr().err
     with pytest.raises(SystemExit):
-        train.parse_args(["--position_encoding", "rotary"])
+        arguments.parse_args(["--position_encoding", "rotary"])
     assert (
         "encoder_position_encoding='rotary' is not known; allowed values: adaptive_t5"
         in capsys.readouterr().err
@@ -76,9 +77,9 @@ def test_unknown_recipe_or_module_lists_the_valid_ones(capsys):
 
 def test_recipe_with_an_unknown_key_is_rejected(tmp_path, monkeypatch, capsys):
     (tmp_path / "bad.yaml").write_text("d_model: 64\nlearnig_rate: 0.1\n")
-    monkeypatch.setattr(train, "RECIPES", tmp_path)
+    monkeypatch.setattr(arguments, "RECIPES", tmp_path)
     with pytest.raises(SystemExit):
-        train.parse_args(["--recipe", "bad"])
+        arguments.parse_args(["--recipe", "bad"])
     assert "unknown keys ['learnig_rate']" in capsys.readouterr().err
 
 
@@ -87,13 +88,13 @@ def test_rposnet_cross_attention_gets_the_training_data_length_ratio():
     dataset = datasets.Dataset.from_dict(
         {"input_ids": [[1, 2, 3], [4, 5, 6, 7, 8]], "labels": [[1, 2], [3, 4]]}
     )
-    assert train.source_target_length_ratio(dataset) == 2.0
-    args = train.parse_args(
+    assert run.source_target_length_ratio(dataset) == 2.0
+    args = arguments.parse_args(
         ["--recipe", "multi30k-en-de-tiny", "--cross_attention", "rposnet", "--d_model", "32"]
     )
-    assert train.model_config(args, 40, 0, 1, train=dataset).rposnet_length_ratio == 2.0
+    assert run.data_config(args, 40, 0, 1, train=dataset).rposnet_length_ratio == 2.0
     args.model.config_overrides = json.dumps({"rposnet_length_ratio": 1.3})  # an explicit choice wins
-    assert train.model_config(args, 40, 0, 1, train=dataset).rposnet_length_ratio == 1.3
+    assert run.data_config(args, 40, 0, 1, train=dataset).rposnet_length_ratio == 1.3
 
 
 def test_hub_translation_schema_adapter_on_a_local_dataset():
@@ -168,11 +169,11 @@ def test_average_checkpoints_script_writes_a_loadable_folder(tmp_path, multi30k_
 
     tokenizer = train_joint_bpe(["a b c", "d e f"], vocab_size=40)
     losses = {1: 2.0, 2: 1.0}
-    models = {}
+    models, checkpoints = {}, tmp_path / "checkpoints"
     for seed, step in enumerate(losses):
-        models[step] = save_checkpoint(tmp_path, seed, step, losses)
-        tokenizer.save_pretrained(tmp_path / f"checkpoint-{step}")
-    average_checkpoints.main([str(tmp_path), "--last", "2", "--output_dir", str(tmp_path / "avg")])
+        models[step] = save_checkpoint(checkpoints, seed, step, losses)
+        tokenizer.save_pretrained(checkpoints / f"checkpoint-{step}")
+    average_checkpoints.main([str(checkpoints), "--last", "2", "--output_dir", str(tmp_path / "avg")])
     loaded = AutoModelForSeq2SeqLM.from_pretrained(tmp_path / "avg")
     name = "model.decoder.layers.1.fc2.weight"
     torch.testing.assert_close(
@@ -318,20 +319,20 @@ def test_train_short_keeps_only_short_pairs_and_concatenation_joins_them_afterwa
     the kept pairs, so joined examples may be longer than the filter, which is their point."""
     flags = ["--recipe", "multi30k-en-de-tiny", "--data_dir", str(multi30k_dir), "--train_limit", "400",
              "--test_limit", "3", "--vocab_size", "600", "--max_train_length", "14", "--output_dir", "unused"]  # fmt: skip
-    short = train.prepare_data(train.parse_args(flags))
+    short = run.prepare_data(arguments.parse_args(flags))
     assert max(short.train["length"]) <= 14 and 0 < len(short.train) < 400
     assert len(short.test) == 3  # the test set is not filtered
-    joined = train.prepare_data(train.parse_args([*flags, "--concat_probability", "1.0"]))
+    joined = run.prepare_data(arguments.parse_args([*flags, "--concat_probability", "1.0"]))
     assert len(joined.train) < len(short.train) and max(joined.train["length"]) > 14
     assert len(joined.train) == (len(short.train) + 1) // 2  # groups of two by default
-    fours = train.prepare_data(
-        train.parse_args([*flags, "--concat_probability", "1.0", "--concat_group_sizes", "4"])
+    fours = run.prepare_data(
+        arguments.parse_args([*flags, "--concat_probability", "1.0", "--concat_group_sizes", "4"])
     )
     assert len(fours.train) == (len(short.train) + 3) // 4
 
 
 def test_the_run_folder_is_named_after_the_recipe_and_module_unless_given():
     """The Trainer's own default output folder ("trainer_output") would name no run."""
-    assert train.parse_args([]).training.output_dir.endswith("outputs/multi30k-en-de-small-sinusoidal")
-    assert train.parse_args(["--position_encoding", "alibi"]).training.output_dir.endswith("-alibi")
-    assert train.parse_args(["--output_dir", "mine"]).training.output_dir == "mine"
+    assert arguments.parse_args([]).training.output_dir.endswith("outputs/multi30k-en-de-small-sinusoidal")
+    assert arguments.parse_args(["--position_encoding", "alibi"]).training.output_dir.endswith("-alibi")
+    assert arguments.parse_args(["--output_dir", "mine"]).training.output_dir == "mine"

@@ -4,14 +4,11 @@ import json
 import subprocess
 import sys
 import textwrap
-from pathlib import Path
 
 import pytest
 import transformers
-from conftest import REPO
 
-sys.path.insert(0, str(REPO / "train_scripts"))
-import train  # noqa: E402  (train_scripts/ is a folder of scripts, not a package)
+from hf_posenc.pipeline import run
 
 TINY = [
     "--train_limit", "3000", "--test_limit", "40", "--max_steps", "30", "--d_model", "32", "--layers", "1",
@@ -34,33 +31,17 @@ LOAD_WITHOUT_PACKAGE = textwrap.dedent(
 )
 
 
-class RecordingHubApi:
-    """Stands in for huggingface_hub.HfApi (no network here): records the repo and the uploaded files."""
-
-    calls: list = []
-
-    def create_repo(self, repo_id, exist_ok=False):
-        self.calls.append(("create_repo", repo_id, exist_ok))
-
-    def upload_folder(self, repo_id, folder_path, commit_message):
-        self.calls.append(("upload_folder", repo_id, sorted(p.name for p in Path(folder_path).iterdir())))
-
-
 def test_tiny_training_run_writes_a_hub_ready_folder_that_loads_without_the_package(
-    multi30k_dir, tmp_path, capsys, monkeypatch
+    multi30k_dir, tmp_path, capsys, hub
 ):
-    import huggingface_hub
-
-    monkeypatch.setattr(huggingface_hub, "HfApi", RecordingHubApi)
     output, dry_run = tmp_path / "run", tmp_path / "upload"
-    scores = train.main([*TINY, "--data_dir", str(multi30k_dir), "--position_encoding", "learned",
+    scores = run.main([*TINY, "--data_dir", str(multi30k_dir), "--position_encoding", "learned",
                          "--output_dir", str(output), "--hub_dry_run", str(dry_run),
                          "--push_to_hub", "--hub_model_id", "someone/tiny-learned"])  # fmt: skip
     # --push_to_hub creates the repo and uploads exactly the dry-run folder (weights, code, tokenizer, card)
-    assert RecordingHubApi.calls == [
-        ("create_repo", "someone/tiny-learned", True),
-        ("upload_folder", "someone/tiny-learned", sorted(p.name for p in dry_run.iterdir())),
-    ]
+    assert [name for name, _ in hub.calls] == ["create_repo", "upload_folder"]
+    assert hub.calls[0][1] == {"repo_id": "someone/tiny-learned", "private": None, "exist_ok": True}
+    assert hub.calls[1][1]["files"] == sorted(p.name for p in dry_run.iterdir())
     printed = capsys.readouterr().out
     assert "BLEU" in printed and "nrefs:1|case:mixed|eff:no|tok:13a" in printed and "chrF++" in printed
     assert scores["steps"] == 30 and scores["test_pairs"] == 40
@@ -101,7 +82,7 @@ def test_tiny_training_run_writes_a_hub_ready_folder_that_loads_without_the_pack
 
 
 def test_stock_marian_baseline_runs_through_the_same_pipeline(multi30k_dir, tmp_path):
-    scores = train.main([*TINY, "--data_dir", str(multi30k_dir), "--architecture", "stock_marian", "--precision",
+    scores = run.main([*TINY, "--data_dir", str(multi30k_dir), "--architecture", "stock_marian", "--precision",
                          "fp32", "--max_steps", "5", "--output_dir", str(tmp_path / "stock")])  # fmt: skip
     assert scores["architecture"] == "stock_marian" and scores["precision"] == "fp32" and scores["steps"] == 5
     assert scores["transformers_version"] == transformers.__version__
@@ -112,7 +93,7 @@ def test_degenerate_output_fails_the_default_job_but_is_written_and_marked(multi
     scores.json and the model card; the folder is still written so that the run can be inspected."""
     flags = [arg for arg in TINY if arg not in ("--fail_on_degenerate", "false")]
     with pytest.raises(SystemExit) as exit_info:
-        train.main(
+        run.main(
             [
                 *flags,
                 "--max_steps",
@@ -134,11 +115,11 @@ def test_degenerate_output_fails_the_default_job_but_is_written_and_marked(multi
 
 def test_missing_data_folder_is_reported_with_the_file_it_looked_for(tmp_path):
     with pytest.raises(FileNotFoundError, match=r"no file train\.en\[\.gz\] in"):
-        train.main(["--data_dir", str(tmp_path), "--max_steps", "1"])
+        run.main(["--data_dir", str(tmp_path), "--max_steps", "1"])
 
 
 @pytest.mark.slow
 def test_default_recipe_reaches_the_measured_quality(multi30k_dir, tmp_path):
     """`make train`'s recipe for its full 16 minutes: measured 30.2 BLEU on one loaded thread (README)."""
-    scores = train.main(["--data_dir", str(multi30k_dir), "--output_dir", str(tmp_path / "default")])
+    scores = run.main(["--data_dir", str(multi30k_dir), "--output_dir", str(tmp_path / "default")])
     assert scores["total_minutes"] <= 20 and scores["bleu"] > 25, scores

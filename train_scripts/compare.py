@@ -40,8 +40,6 @@ from pathlib import Path
 
 import torch
 import transformers
-from train import load_recipe, model_config, recipe_names
-from train import parse_args as parse_train_args
 from transformers import AutoModelForSeq2SeqLM
 
 from hf_posenc import MarianPosEncConfig  # importing hf_posenc registers the Auto classes
@@ -56,8 +54,10 @@ from hf_posenc.analysis.length_generalisation import (
 )
 from hf_posenc.analysis.position_plots import plot_learned_positions
 from hf_posenc.analysis.word_order_probe import word_order_probe
+from hf_posenc.pipeline.arguments import load_recipe, model_config, recipe_names
+from hf_posenc.pipeline.arguments import parse_args as parse_train_args
 from hf_posenc.pipeline.cli import run_cli
-from hf_posenc.pipeline.data import read_lines, read_split
+from hf_posenc.pipeline.data import DATA_ROOT, read_lines, read_split
 from hf_posenc.pipeline.evaluation import (
     degenerate_output,
     load_translation_model,
@@ -70,7 +70,7 @@ from hf_posenc.pipeline.systems import BASELINE, TABLE_TITLES, System, compariso
 
 logger = logging.getLogger("compare")
 REPO = Path(__file__).resolve().parents[1]
-DATA = REPO.parent / "shared" / "data" / "multi30k"
+DATA = DATA_ROOT / "multi30k"
 NOTES_MARKER = "<!-- Everything below this line is kept when train_scripts/compare.py rewrites this file. -->"
 SUMMARY_START = "<!-- results summary: written by train_scripts/compare.py from results/ -->"
 SUMMARY_END = "<!-- end of results summary -->"

@@ -7,6 +7,7 @@ differ, an empty split, empty lines (rejected by default, or dropped in pairs an
 
 import gzip
 import logging
+import os
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
@@ -14,6 +15,10 @@ from pathlib import Path
 logger = logging.getLogger(__name__)
 
 EMPTY_LINE_POLICIES = ("error", "skip")
+# Where the data live: relative data paths of a recipe are read under it. The shipped data sit beside the
+# checkout (../shared/data); HF_POSENC_DATA points elsewhere.
+DATA_ROOT = Path(os.environ.get("HF_POSENC_DATA") or Path(__file__).resolve().parents[3] / "shared" / "data")
+BYTE_ORDER_MARK = "\ufeff"
 
 
 @dataclass
@@ -38,7 +43,8 @@ def read_lines(path: Path) -> list[str]:
         with opener(path, "rb") as handle:
             for number, raw in enumerate(handle, start=1):
                 try:
-                    lines.append(raw.decode("utf-8").rstrip("\n").rstrip("\r"))
+                    # a byte-order mark (at the file's start, or where files were joined) is no text
+                    lines.append(raw.decode("utf-8").rstrip("\n").rstrip("\r").removeprefix(BYTE_ORDER_MARK))
                 except UnicodeDecodeError as error:
                     raise ValueError(
                         f"{path}, line {number}: byte {raw[error.start : error.start + 1]!r} at column {error.start + 1} "

@@ -1,11 +1,11 @@
 """Regenerate the tables that docs/ derives from the code, so that the docs cannot drift from it:
 
-* docs/training.md, section "recipes": every recipe's settings, read from train_scripts/recipes/*.yaml;
+* docs/training.md, section "recipes": every recipe's settings, read from hf_posenc/pipeline/recipes/*.yaml;
 * docs/architecture.md, section "hyperparameters": every module hyperparameter, its type, default and meaning,
   read from the module classes.
 
-    python train_scripts/reference_tables.py          # rewrite the sections (make docs)
-    python train_scripts/reference_tables.py --check  # exit 1 if a section is out of date
+    python -m hf_posenc.pipeline.reference_tables # rewrite the sections (make docs)
+    python -m hf_posenc.pipeline.reference_tables --check  # exit 1 if a section is out of date
 
 A section is the text between `<!-- BEGIN name -->` and `<!-- END name -->`; the rest of each file is kept.
 """
@@ -15,11 +15,10 @@ import re
 import sys
 from pathlib import Path
 
-from train import load_recipe, recipe_names
-
 from hf_posenc import POSITION_ENCODINGS, TOKEN_MIXERS
+from hf_posenc.pipeline.arguments import load_recipe, recipe_names
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 # Recipe table columns: header -> how a recipe's settings fill the cell.
 RECIPE_COLUMNS = {

@@ -1,0 +1,162 @@
+"""Where a run writes, and how it never destroys one: the run folder, its checkpoint folder, the dry-run copy
+and the Hub upload.
+
+- Before any work, every folder the run will write is checked: a file where a folder is expected, a location
+  that cannot be written, an existing run (without `--resume_from_checkpoint` or `--overwrite_output_dir`) and
+  a non-empty `--hub_dry_run` folder are errors naming the path.
+- `--overwrite_output_dir` replaces a run only once the new one is complete: the old checkpoint folder is moved
+  aside (`<run>-checkpoints.replaced`) when training starts, the old run folder is swapped for the new one in
+  one rename, and only then is the old run removed. A run that fails leaves the old one where it was.
+- The run folder is written into `<run>.partial` and renamed into place, so a folder under the run's name is
+  always complete; a failed write (a full disk) removes the partial folder and names it.
+- The upload honours every Hub field the Trainer defines (token, private, revision); a private repository
+  that exists as a public one is refused before anything is uploaded.
+"""
+
+import logging
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+from safetensors import SafetensorError
+
+logger = logging.getLogger(__name__)
+
+REPLACED = ".replaced"  # the suffix of an old run moved aside by --overwrite_output_dir
+
+
+def check_writable(folder: Path, flag: str) -> None:
+    """The folder exists (created if missing) and a file can be written in it; otherwise a ValueError naming it."""
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=folder):
+            pass
+    except OSError as error:
+        raise ValueError(f"{flag}: cannot write in {folder} ({error.strerror or error})") from None
+
+
+def holds_files(folder: Path) -> bool:
+    return folder.is_dir() and any(folder.iterdir())
+
+
+def check_output_folders(
+    output_dir: Path, checkpoints_dir: Path, resume: bool, overwrite: bool, dry_run
+) -> None:
+    """Refuse, before any work, every write that would fail late or mix or destroy a run."""
+    for folder, name in (
+        (output_dir, "--output_dir"),
+        (checkpoints_dir, "the checkpoint folder of --output_dir"),
+    ):
+        if folder.exists() and not folder.is_dir():
+            raise ValueError(f"{name} {folder} is a file, not a folder; choose another --output_dir")
+    check_writable(output_dir.parent, "--output_dir")
+    if dry_run is not None:
+        dry_run = Path(dry_run)
+        if dry_run.resolve() in (output_dir.resolve(), checkpoints_dir.resolve()):
+            raise ValueError(f"--hub_dry_run {dry_run} is the run's own folder; give a new folder")
+        if dry_run.exists() and (not dry_run.is_dir() or holds_files(dry_run)):
+            raise ValueError(
+                f"--hub_dry_run {dry_run} already exists and is not an empty folder; give a new folder"
+            )
+        check_writable(dry_run.parent, "--hub_dry_run")
+    used = [folder for folder in (output_dir, checkpoints_dir) if holds_files(folder)]
+    if not used or resume:
+        return
+    if not overwrite:
+        raise ValueError(
+            f"{' and '.join(map(str, used))} already hold a run; resume it with --resume_from_checkpoint last, "
+            "replace it with --overwrite_output_dir, or choose another --output_dir"
+        )
+    aside = set_aside_path(checkpoints_dir)
+    if aside.exists():
+        raise ValueError(
+            f"{aside} holds the checkpoints of a run that an earlier --overwrite_output_dir attempt set aside "
+            f"and did not finish replacing; remove it, or move it back to {checkpoints_dir}, first"
+        )
+
+
+def set_aside_path(checkpoints_dir: Path) -> Path:
+    return checkpoints_dir.with_name(checkpoints_dir.name + REPLACED)
+
+
+def set_aside_checkpoints(checkpoints_dir: Path) -> Path | None:
+    """--overwrite_output_dir, when training starts: the old checkpoints move aside, kept until the new run is
+    written (`remove_set_aside`)."""
+    if not holds_files(checkpoints_dir):
+        return None
+    aside = set_aside_path(checkpoints_dir)
+    os.replace(checkpoints_dir, aside)
+    logger.warning(
+        "--overwrite_output_dir: the old checkpoints wait in %s until the new run is written", aside
+    )
+    return aside
+
+
+def remove_set_aside(checkpoints_dir: Path) -> None:
+    aside = set_aside_path(checkpoints_dir)
+    if aside.exists():
+        shutil.rmtree(aside)
+        logger.info("removed the replaced run's checkpoints %s", aside)
+
+
+def write_run_folder(output_dir: Path, write) -> Path:
+    """`write(folder)` fills `<run>.partial`, which then replaces `output_dir` in one rename; the run it replaces
+    is removed only after that. A failed write removes the partial folder and leaves `output_dir` as it was."""
+    partial = output_dir.with_name(output_dir.name + ".partial")
+    shutil.rmtree(partial, ignore_errors=True)
+    try:
+        write(partial)
+    except (OSError, SafetensorError) as error:
+        shutil.rmtree(partial, ignore_errors=True)
+        raise ValueError(
+            f"writing the run folder {partial} failed ({error}); {output_dir} is as it was. The trained weights "
+            f"are in the checkpoint folder: free the space and run again with --resume_from_checkpoint last"
+        ) from None
+    if output_dir.exists():
+        replaced = output_dir.with_name(output_dir.name + REPLACED)
+        shutil.rmtree(replaced, ignore_errors=True)
+        os.replace(output_dir, replaced)
+        os.replace(partial, output_dir)
+        shutil.rmtree(replaced)
+    else:
+        os.replace(partial, output_dir)
+    return output_dir
+
+
+def copy_dry_run(output_dir: Path, dry_run: Path) -> None:
+    """The folder that would be uploaded, at a new path (checked empty before the run started)."""
+    if holds_files(dry_run):  # filled while the run trained
+        raise ValueError(
+            f"--hub_dry_run {dry_run} was filled while this run trained; the run is in {output_dir}"
+        )
+    if dry_run.exists():
+        dry_run.rmdir()
+    shutil.copytree(output_dir, dry_run)
+
+
+def push_to_hub(folder: Path, training, commit_message: str) -> str:
+    """Upload `folder` with the Trainer's Hub fields: `hub_model_id`, `hub_token`, `hub_private_repo`,
+    `hub_revision` (a branch, created if missing). Returns the commit URL."""
+    from huggingface_hub import HfApi
+
+    api = HfApi(token=training.hub_token)
+    repo_id = training.hub_model_id
+    private = training.hub_private_repo
+    repo = api.create_repo(repo_id, private=private, exist_ok=True)
+    repo_id = repo.repo_id
+    if private and not api.repo_info(repo_id).private:
+        raise ValueError(
+            f"--hub_private_repo true, but the repository {repo_id} exists and is public; nothing was uploaded. "
+            f"Make it private on the Hub or choose another --hub_model_id (the run is in {folder})"
+        )
+    if training.hub_revision:
+        api.create_branch(repo_id, branch=training.hub_revision, exist_ok=True)
+    commit = api.upload_folder(
+        repo_id=repo_id,
+        folder_path=str(folder),
+        revision=training.hub_revision,
+        commit_message=commit_message,
+    )
+    logger.info("uploaded %s to %s", folder, getattr(commit, "commit_url", repo_id))
+    return getattr(commit, "commit_url", repo_id)

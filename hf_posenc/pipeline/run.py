@@ -1,0 +1,652 @@
+"""A training run, stage by stage: `train_scripts/train.py` is `main` below.
+
+`prepare_data` (read and validate the text, joint BPE, tokenise) -> `build_model` (config from what was set,
+precision and attention backend chosen by measuring this machine, the longest pair tried through the model)
+-> `train` (`Seq2SeqTrainer`, token-budget batches, time and update budgets, checkpoints; a resumed run must
+have the settings it started with) -> `trained_model` (checkpoint averaging) -> `evaluate` (decoding the test
+set with the model's saved generation config, sacreBLEU BLEU and chrF++, a check for degenerate output) ->
+`export` (the Hub folder: weights, config + model code, tokenizer, generation config, model card, scores.json,
+translations; see `export.py` for how no run is ever lost, and for the upload).
+
+Every setting is checked before any data is read (`arguments.py`); every folder before any work.
+`--architecture stock_marian` trains `transformers.MarianMTModel` with the Trainer's own sentence batches on
+the same data, budget and evaluation (the baseline of `make train-stock`).
+"""
+
+import dataclasses
+import json
+import logging
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import transformers
+from safetensors import SafetensorError, safe_open
+from transformers import DataCollatorForSeq2Seq, MarianConfig, MarianMTModel
+from transformers.trainer_callback import ProgressCallback
+
+from ..base import PositionLimitError
+from ..configuration_marian_posenc import MarianPosEncConfig
+from ..modeling_marian_posenc import (
+    MAX_NEW_TOKENS_OVER_SOURCE,
+    PAPER_1_DECODING,
+    MarianPosEncForConditionalGeneration,
+)
+from .arguments import Arguments, model_config, parse_args
+from .augmentation import concatenate_consecutive
+from .averaging import RUN_SPECIFIC_CONFIG_KEYS, average_into, list_checkpoints, select_checkpoints
+from .batching import TokenBudgetBatchSampler
+from .data import ParallelText, read_hf_translation, read_parallel, read_split
+from .evaluation import degenerate_output, encoder_token_cosine, score_translations, translate
+from .export import (
+    check_output_folders,
+    copy_dry_run,
+    push_to_hub,
+    remove_set_aside,
+    set_aside_checkpoints,
+    write_run_folder,
+)
+from .hardware import (
+    choose_attention_backend,
+    choose_precision,
+    describe_hardware,
+    matmul_peak_flops,
+    model_flops_per_target_token,
+)
+from .model_card import MULTI30K_NOTE, write_model_card
+from .progress import TrainingProgressCallback, UpdateBudgetCheck
+from .tokenization import train_joint_bpe
+from .training import (
+    TimeBudgetCallback,
+    TranslationTrainer,
+    leave_process_group,
+    tokenize_parallel,
+    translation_metrics,
+)
+
+logger = logging.getLogger("train")
+SETTINGS_FILE = "run_settings.json"  # in the checkpoint folder: what a resumed run must repeat
+
+
+@dataclass
+class PreparedData:
+    tokenizer: object
+    train: object  # datasets.Dataset with input_ids, labels, length
+    valid: object | None
+    test: ParallelText
+    train_text: ParallelText
+
+
+def load_split(args: Arguments, split: str, limit=None) -> ParallelText:
+    data = args.data
+    source, target = getattr(data, f"{split}_source"), getattr(data, f"{split}_target")
+    if (source is None) != (target is None):
+        raise ValueError(f"--{split}_source and --{split}_target go together (got {source!r}, {target!r})")
+    read = {"empty_lines": data.empty_lines, "limit": limit}
+    if source is not None:
+        return read_parallel(Path(source), Path(target), **read)
+    if split == "train" and data.hf_dataset:
+        return read_hf_translation(
+            data.hf_dataset, data.hf_config, "train", data.source_lang, data.target_lang, **read
+        )
+    return read_split(
+        Path(data.data_dir), getattr(data, f"{split}_split"), data.source_lang, data.target_lang, **read
+    )
+
+
+def prepare_data(args: Arguments) -> PreparedData:
+    """Read and validate the splits, learn the joint BPE on the training text, tokenise."""
+    data = args.data
+    train_text = load_split(args, "train", limit=data.train_limit)
+    test = load_split(args, "test", limit=data.test_limit)
+    logger.info(
+        "data: %d training pairs from %s, %d test pairs from %s",
+        len(train_text),
+        train_text.name,
+        len(test),
+        test.name,
+    )
+    tokenizer = train_joint_bpe(train_text.source + train_text.target, vocab_size=data.vocab_size)
+    if len(tokenizer) > data.vocab_size:  # BPE keeps every character of the text whatever the size asked for
+        raise ValueError(
+            f"--vocab_size={data.vocab_size} is smaller than the {len(tokenizer)} characters and special tokens of "
+            "the training text; ask for more (the recipes use 6000-40000)"
+        )
+    if data.max_train_length:
+        train_text = shorter_pairs(tokenizer, train_text, data.max_train_length)
+    if data.concat_probability:  # after the length filter: joined examples may exceed it, that is their point
+        sizes = {"group_sizes": data.concat_group_sizes} if data.concat_group_sizes else {}
+        train_text = concatenate_consecutive(
+            train_text, data.concat_probability, seed=args.training.seed, **sizes
+        )
+        logger.info(
+            "concatenation augmentation (p=%s): %d training examples",
+            data.concat_probability,
+            len(train_text),
+        )
+    train = tokenize_parallel(tokenizer, train_text.source, train_text.target, data.max_length)
+    valid = None
+    if args.training.eval_strategy != "no":
+        valid_text = load_split(args, "valid")
+        valid = tokenize_parallel(tokenizer, valid_text.source, valid_text.target, data.max_length)
+    return PreparedData(tokenizer, train, valid, test, train_text)
+
+
+def shorter_pairs(tokenizer, text: ParallelText, max_tokens: int) -> ParallelText:
+    """Train short, test long: the pairs with at most `max_tokens` tokens on both sides (logged)."""
+    sources, targets = tokenizer(text.source)["input_ids"], tokenizer(text_target=text.target)["input_ids"]
+    lengths = [max(len(s), len(t)) for s, t in zip(sources, targets, strict=True)]
+    kept = [i for i, length in enumerate(lengths) if length <= max_tokens]
+    if not kept:
+        raise ValueError(f"no training pair has at most --max_train_length={max_tokens} tokens")
+    logger.info(
+        "train short: %d of %d pairs have at most %d tokens; training on those only",
+        len(kept),
+        len(text),
+        max_tokens,
+    )
+    return ParallelText([text.source[i] for i in kept], [text.target[i] for i in kept], text.name)
+
+
+def source_target_length_ratio(dataset) -> float:
+    """gamma of paper 2 Eq. 10: total source tokens / total target tokens of the training data."""
+    source_tokens = sum(len(ids) for ids in dataset["input_ids"])
+    target_tokens = sum(len(ids) for ids in dataset["labels"])
+    return round(source_tokens / target_tokens, 4)
+
+
+def data_config(args: Arguments, vocab_size: int, pad: int, eos: int, train) -> MarianPosEncConfig:
+    """`model_config` with what the training data decide: gamma of rPosNet cross-attention (paper 2 Eq. 10,
+    the source/target length ratio) unless set."""
+    config = model_config(args, vocab_size, pad, eos)
+    if config.cross_attention == "rposnet" and "rposnet_length_ratio" not in json.loads(
+        args.model.config_overrides
+    ):
+        config.rposnet_length_ratio = source_target_length_ratio(train)
+        logger.info(
+            "rPosNet cross-attention: gamma = %.4f (source/target length ratio)", config.rposnet_length_ratio
+        )
+    return config
+
+
+def build_model(args: Arguments, data: PreparedData):
+    """The model, with the precision and attention backend this machine runs fastest (or as asked)."""
+    tokenizer = data.tokenizer
+    torch.manual_seed(args.training.seed)
+    pad, eos = tokenizer.pad_token_id, tokenizer.eos_token_id
+    config = data_config(args, len(tokenizer), pad, eos, data.train)
+    if args.model.architecture == "stock_marian":
+        dims = {
+            k: v
+            for k, v in config.to_dict().items()
+            if k in MarianConfig.__dataclass_fields__ and k not in ("architectures", "dtype")
+        }
+        model = MarianMTModel(MarianConfig(**dims))
+        # our models' decoding; Marian has no source + 50 rule, so it may write the longest accepted sentence + 50
+        model.generation_config.update(
+            **PAPER_1_DECODING,
+            bad_words_ids=[[pad]],
+            max_new_tokens=args.data.max_length + MAX_NEW_TOKENS_OVER_SOURCE,
+        )
+    else:
+        model = MarianPosEncForConditionalGeneration(config)
+        check_longest_pair(model, data)
+    generation = {"num_beams": args.model.num_beams, "length_penalty": args.model.length_penalty}
+    model.generation_config.update(**{k: v for k, v in generation.items() if v is not None})
+    device = args.training.device.type
+    tokens = min(args.data.max_tokens or 512, 512)
+    precision = choose_precision(
+        args.run.precision, device, config.d_model, config.encoder_ffn_dim, tokens=tokens
+    )
+    heads = config.encoder_attention_heads
+    backend = choose_attention_backend(
+        args.model.attention_backend,
+        precision.precision,
+        device,
+        heads,
+        config.d_model // heads,
+        tokens=tokens,
+    )
+    model.set_attn_implementation(backend.backend)
+    logger.info(
+        "model: %s, %.2fM parameters; precision %s (%s); attention %s (%s)",
+        type(model).__name__,
+        model.num_parameters() / 1e6,
+        precision.precision,
+        precision.reason,
+        backend.backend,
+        backend.reason,
+    )
+    return model, precision, backend
+
+
+def check_longest_pair(model, data: PreparedData) -> None:
+    """The longest source (training, validation or test) and target go through the model once, before any
+    training: a bounded position table too short for them is an error now, not when their batch comes up."""
+    sources = [data.train["input_ids"], *([data.valid["input_ids"]] if data.valid is not None else [])]
+    targets = [data.train["labels"], *([data.valid["labels"]] if data.valid is not None else [])]
+    longest_source = max(max(map(len, ids)) for ids in sources)
+    longest_target = max(max(map(len, ids)) for ids in targets)
+    test_source = max(len(ids) for ids in data.tokenizer(data.test.source)["input_ids"])
+    source = torch.full((1, max(longest_source, test_source)), data.tokenizer.eos_token_id)
+    target = torch.full((1, longest_target), data.tokenizer.pad_token_id)
+    model.eval()
+    try:
+        with torch.no_grad():
+            model(input_ids=source, decoder_input_ids=target)
+    except PositionLimitError as error:
+        raise ValueError(
+            f"the longest pair of the data ({source.shape[1]} source, {target.shape[1]} target tokens) does not fit "
+            f"the model: {error}"
+        ) from None
+    finally:
+        model.train()
+
+
+@dataclass
+class TrainingReport:
+    steps: int  # the run's updates, earlier attempts included
+    minutes: float  # of this attempt, as the rest
+    target_tokens: int
+    tokens_per_second: float
+    budget: dict
+    resumed_from: str | None = None  # the checkpoint this attempt continued
+    updates_this_attempt: int = 0
+
+
+# What shapes the training trajectory: a resumed run must repeat these (the budget may change).
+RESUMED_TRAINING_FIELDS = (
+    "learning_rate",
+    "lr_scheduler_type",
+    "lr_scheduler_kwargs",
+    "warmup_steps",
+    "weight_decay",
+    "adam_beta1",
+    "adam_beta2",
+    "adam_epsilon",
+    "max_grad_norm",
+    "label_smoothing_factor",
+    "gradient_accumulation_steps",
+    "per_device_train_batch_size",
+    "seed",
+    "optim",
+)
+RESUMED_DATA_FIELDS = (
+    "train_source",
+    "train_target",
+    "hf_dataset",
+    "hf_config",
+    "data_dir",
+    "train_split",
+    "source_lang",
+    "target_lang",
+    "train_limit",
+    "vocab_size",
+    "max_length",
+    "max_train_length",
+    "concat_probability",
+    "concat_group_sizes",
+    "max_tokens",
+)
+
+
+def run_settings(args: Arguments, model) -> dict:
+    """The settings that a resumed run must share with the run it continues (JSON-comparable)."""
+    training = {name: getattr(args.training, name) for name in RESUMED_TRAINING_FIELDS}
+    config = {k: v for k, v in model.config.to_dict().items() if k not in RUN_SPECIFIC_CONFIG_KEYS}
+    settings = {
+        "training": training,
+        "data": {name: getattr(args.data, name) for name in RESUMED_DATA_FIELDS},
+        "model": config,
+    }
+    return json.loads(json.dumps(settings, default=lambda value: getattr(value, "value", str(value))))
+
+
+def check_resume_settings(args: Arguments, model, resume: str | None) -> None:
+    """A fresh run records its settings; a resumed one must have the same: another learning rate, schedule,
+    data or architecture would be ignored by the restored optimizer and scheduler, or fail deep inside them."""
+    path = args.checkpoints_dir / SETTINGS_FILE
+    settings = run_settings(args, model)
+    if resume is None:
+        args.checkpoints_dir.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(settings, indent=2) + "\n")
+        return
+    if not path.is_file():
+        logger.warning("%s is missing: cannot check that this run repeats the settings it resumes", path)
+        return
+    saved = json.loads(path.read_text())
+    differing = [
+        f"{name}={settings[group].get(name)!r} (the run resumed: {saved[group].get(name)!r})"
+        for group in settings
+        for name in sorted(settings[group].keys() | saved.get(group, {}).keys())
+        if settings[group].get(name) != saved.get(group, {}).get(name)
+    ]
+    if differing:
+        raise ValueError(
+            f"--resume_from_checkpoint: this run's settings differ from those of the run in {args.checkpoints_dir}: "
+            f"{'; '.join(differing)}. Resume with the same settings, or start a new run (another --output_dir)"
+        )
+
+
+def resume_checkpoint(args: Arguments) -> str | None:
+    """The checkpoint to resume from: a folder (checked), or for "last" the newest complete one. The Trainer
+    writes trainer_state.json last, so a checkpoint without it, or whose weights cannot be read, was cut off
+    while being written: it is skipped, and the log says so."""
+    resume = args.training.resume_from_checkpoint
+    if resume is None:
+        return None
+    if resume != "last":
+        problem = checkpoint_problem(Path(resume))
+        if problem:
+            raise ValueError(f"--resume_from_checkpoint {resume}: {problem}")
+        return resume
+    checkpoints = sorted(args.checkpoints_dir.glob("checkpoint-*"), key=lambda p: int(p.name.split("-")[-1]))
+    for checkpoint in reversed(checkpoints):
+        problem = checkpoint_problem(checkpoint)
+        if not problem:
+            return str(checkpoint)
+        logger.warning("%s is incomplete (%s): trying the one before", checkpoint, problem)
+    raise ValueError(f"--resume_from_checkpoint last: no complete checkpoint in {args.checkpoints_dir}")
+
+
+def checkpoint_problem(checkpoint: Path) -> str | None:
+    """Why a Trainer checkpoint cannot be resumed from, or None."""
+    if not (checkpoint / "trainer_state.json").is_file():
+        return "no trainer_state.json"
+    try:
+        with safe_open(checkpoint / "model.safetensors", "pt") as weights:
+            weights.keys()
+    except (OSError, SafetensorError) as error:
+        return f"{checkpoint / 'model.safetensors'} cannot be read: {error}"
+    return None
+
+
+def train(args: Arguments, model, data: PreparedData, precision) -> tuple[TranslationTrainer, TrainingReport]:
+    """`Seq2SeqTrainer` run with token-budget batches, the time budget, progress and a budget check."""
+    resume = resume_checkpoint(args)
+    if args.training.process_index == 0:
+        if args.run.overwrite_output_dir and resume is None:
+            set_aside_checkpoints(args.checkpoints_dir)
+        check_resume_settings(args, model, resume)
+    # checkpoints go beside the run folder; `export` uploads the finished folder, not the Trainer
+    # --eval_bleu scores generated validation translations: the Trainer must generate when it evaluates
+    training = dataclasses.replace(
+        args.training,
+        output_dir=str(args.checkpoints_dir),
+        push_to_hub=False,
+        predict_with_generate=args.training.predict_with_generate or args.run.eval_bleu,
+    )
+    training.bf16, training.fp16 = precision.precision == "bf16", precision.precision == "fp16"
+    budget = [f"{args.run.minutes} minutes"] if args.run.minutes else []
+    budget.append(
+        f"{training.max_steps} updates" if training.max_steps > 0 else f"{training.num_train_epochs} epochs"
+    )
+    logger.info("training budget: %s, whichever ends first", " or ".join(budget))
+    # the stock baseline trains on the Trainer's own batches of per_device_train_batch_size sentences
+    max_tokens = args.data.max_tokens if args.model.architecture == "marian_posenc" else None
+    if max_tokens:
+        sampler = TokenBudgetBatchSampler(data.train["length"], max_tokens, seed=training.seed)
+        logger.info(
+            "token-budget batching: %d batches per epoch, %.1f%% padding",
+            len(sampler),
+            100 * sampler.padding_ratio(),
+        )
+    trainer = TranslationTrainer(
+        model=model,
+        args=training,
+        train_dataset=data.train if max_tokens else data.train.remove_columns(["length"]),
+        eval_dataset=data.valid,
+        data_collator=DataCollatorForSeq2Seq(data.tokenizer, model=model, label_pad_token_id=-100),
+        processing_class=data.tokenizer,
+        callbacks=[TimeBudgetCallback(args.run.minutes)] if args.run.minutes else [],
+        compute_metrics=translation_metrics(data.tokenizer) if args.run.eval_bleu else None,
+        max_tokens=max_tokens,
+    )
+    trainer.remove_callback(ProgressCallback)
+    trainer.add_callback(TrainingProgressCallback(lambda: trainer.target_tokens, args.run.minutes or None))
+    check = None
+    if args.run.minutes:
+        check = UpdateBudgetCheck(args.run.minutes, precision.precision, describe_hardware(training.device))
+        trainer.add_callback(check)
+    first_step = json.loads((Path(resume) / "trainer_state.json").read_text())["global_step"] if resume else 0
+    started = time.monotonic()
+    if resume and 0 < training.max_steps <= first_step:  # the Trainer would make one update past the budget
+        logger.info(
+            "%s holds the whole budget of %d updates: loading it, no further update", resume, first_step
+        )
+        average_into(trainer.model, [Path(resume)])
+        steps = first_step
+    else:
+        steps = trainer.train(resume_from_checkpoint=resume).global_step
+    seconds = time.monotonic() - started
+    report = TrainingReport(
+        steps,
+        seconds / 60,
+        trainer.target_tokens,
+        trainer.target_tokens / seconds,
+        check.estimate if check else None,
+        resume and Path(resume).name,
+        steps - first_step,
+    )
+    return trainer, report
+
+
+@dataclass
+class Evaluation:
+    hypotheses: list[str]
+    scores: dict
+    decode_seconds: float
+    averaged: list[str]
+    degenerate: list[str]
+
+
+def trained_model(args: Arguments, trainer: TranslationTrainer):
+    """The trained weights, reloaded from what every process saved (under FSDP/DeepSpeed the Trainer gathers
+    the shards there), averaged over checkpoints if asked. Returns None on every process but the first."""
+    trained_dir = args.checkpoints_dir / "trained"
+    trainer.save_model(str(trained_dir))
+    if not trainer.is_world_process_zero():
+        return None, []
+    model = type(trainer.model).from_pretrained(trained_dir).to(args.training.device)
+    asked = args.run.average_last or args.run.average_best
+    if not asked:
+        return model, []
+    available = len(list_checkpoints(args.checkpoints_dir)) if args.checkpoints_dir.is_dir() else 0
+    if available < asked:  # a time budget can end before the checkpoints asked for exist
+        logger.warning(
+            "asked to average %d checkpoints, %d exist: %s",
+            asked,
+            available,
+            f"averaging those {available}" if available else "evaluating the final weights",
+        )
+        if not available:
+            return model, []
+    wanted = min(asked, available)
+    chosen = select_checkpoints(
+        args.checkpoints_dir,
+        last=wanted if args.run.average_last else None,
+        best=wanted if args.run.average_best else None,
+    )
+    average_into(model, chosen)
+    return model, [path.name for path in chosen]
+
+
+def evaluate(
+    args: Arguments, model, data: PreparedData, precision, report, averaged: list[str]
+) -> Evaluation:
+    """Decode the test set with the model's generation config and score it; flag degenerate output."""
+    started = time.monotonic()
+    hypotheses = translate(model, data.tokenizer, data.test.source, bf16=precision.precision == "bf16")
+    seconds = time.monotonic() - started
+    scores = score_translations(hypotheses, data.test.target)
+    encoding = getattr(
+        model.config, "encoder_position_encoding", MarianPosEncConfig().encoder_position_encoding
+    )
+    degenerate = degenerate_output(
+        hypotheses,
+        scores["bleu"],
+        encoding,
+        updates=report.steps,
+        warmup_steps=args.training.warmup_steps,
+        precision=precision.precision,
+        device=args.training.device.type,
+        encoder_cosine=encoder_token_cosine(model, data.tokenizer, data.test.source),
+    )
+    for reason in degenerate:
+        logger.warning("DEGENERATE OUTPUT: %s", reason)
+    return Evaluation(hypotheses, scores, seconds, averaged, degenerate)
+
+
+def run_record(
+    args: Arguments, model, data, precision, backend, report: TrainingReport, evaluation, started
+) -> dict:
+    """scores.json: the scores, the run's settings, the machine and what it achieved."""
+    hardware = describe_hardware(args.training.device.type)
+    dtype = torch.bfloat16 if precision.precision == "bf16" else None
+    lengths = data.train["length"]
+    mean_length = max(1, round(sum(lengths) / len(lengths)))
+    flops_per_token = model_flops_per_target_token(
+        model, mean_length, mean_length, 8, args.training.device, dtype
+    )
+    peak = matmul_peak_flops(precision.precision, args.training.device.type)
+    return {
+        **evaluation.scores,
+        "recipe": args.run.recipe,
+        "steps": report.steps,
+        "train_minutes": round(report.minutes, 2),
+        "resumed_from": report.resumed_from,
+        "updates_this_attempt": report.updates_this_attempt,
+        "decode_seconds": round(evaluation.decode_seconds, 1),
+        "total_minutes": round((time.monotonic() - started) / 60, 2),
+        "parameters": model.num_parameters(),
+        "architecture": args.model.architecture,
+        "averaged_checkpoints": evaluation.averaged,
+        "test_set": data.test.name,
+        "test_pairs": len(data.test),
+        "degenerate": evaluation.degenerate,
+        "hardware": {**hardware.as_dict(), "line": hardware.line()},
+        "transformers_version": transformers.__version__,
+        "precision": precision.precision,
+        "precision_probe": precision.as_dict(),
+        "attention_backend": backend.backend,
+        "attention_probe": backend.as_dict(),
+        "training_target_tokens": report.target_tokens,
+        "training_target_tokens_per_second": round(report.tokens_per_second, 1),
+        "model_flops_per_target_token": flops_per_token,
+        "matmul_peak_flops": peak,
+        "mfu": round(flops_per_token * report.tokens_per_second / peak, 4),
+        "budget_check": report.budget,
+    }
+
+
+def export(args: Arguments, model, data: PreparedData, evaluation: Evaluation, record: dict) -> Path:
+    """The Hub folder, written whole into place (`write_run_folder`); then the dry-run copy and the upload."""
+    output_dir = Path(args.training.output_dir)
+    training = args.training
+    uses_tokens = args.data.max_tokens and args.model.architecture == "marian_posenc"
+    batching = (
+        f"{args.data.max_tokens} tokens"
+        if uses_tokens
+        else f"{training.per_device_train_batch_size} sentences"
+    )
+    schedule = getattr(training.lr_scheduler_type, "value", training.lr_scheduler_type)
+    averaged = f", average of {', '.join(evaluation.averaged)}" if evaluation.averaged else ""
+    multi30k = "multi30k" in args.run.recipe and not args.data.train_source
+    card = dict(
+        model_name=output_dir.name,
+        source_lang=args.data.source_lang,
+        target_lang=args.data.target_lang,
+        parameters=f"{record['parameters'] / 1e6:.2f}M",
+        repo_or_folder=training.hub_model_id or str(output_dir),
+        dataset=args.data.hf_dataset or Path(args.data.data_dir).name,
+        test_split=Path(data.test.name.split(" / ")[0]).name,
+        data_note=MULTI30K_NOTE
+        if multi30k
+        else f"Training data: {data.train_text.name} ({len(data.train_text)} pairs). Test: {data.test.name}.",
+        training=f"recipe `{args.run.recipe}`: {updates_text(record)}, {record['precision']}, {batching} per batch x "
+        f"{training.gradient_accumulation_steps}, lr {training.learning_rate} {schedule} (warm-up "
+        f"{training.warmup_steps}), label smoothing {training.label_smoothing_factor}{averaged}",
+        hardware=f"{record['hardware']['line']}; {record['training_target_tokens_per_second']:.0f} target tokens/s, "
+        f"MFU {100 * record['mfu']:.1f}% of the measured {record['precision']} matmul peak",
+        warning=f"\n**Warning: degenerate output.** {' '.join(evaluation.degenerate)}\n"
+        if evaluation.degenerate
+        else "",
+    )
+
+    def write(folder: Path) -> None:
+        model.save_pretrained(folder)
+        data.tokenizer.save_pretrained(folder)
+        (folder / "scores.json").write_text(json.dumps(record, indent=2) + "\n")
+        (folder / f"test.hyp.{args.data.target_lang}").write_text("\n".join(evaluation.hypotheses) + "\n")
+        write_model_card(folder, model, record, **card)
+
+    write_run_folder(output_dir, write)
+    remove_set_aside(args.checkpoints_dir)
+    if args.run.hub_dry_run:
+        copy_dry_run(output_dir, Path(args.run.hub_dry_run))
+    if training.push_to_hub:
+        push_to_hub(output_dir, training, commit_message="hf_posenc training run")
+    return output_dir
+
+
+def updates_text(record: dict) -> str:
+    """'1003 updates in 16.0 min', or for a resumed run how many of them this attempt made, and in what time."""
+    if record["resumed_from"]:
+        return (
+            f"{record['steps']} updates ({record['updates_this_attempt']} of them in this attempt's "
+            f"{record['train_minutes']:.1f} min, resumed from {record['resumed_from']})"
+        )
+    return f"{record['steps']} updates in {record['train_minutes']:.1f} min"
+
+
+def print_summary(
+    args: Arguments, data: PreparedData, evaluation: Evaluation, record: dict, output_dir: Path
+) -> None:
+    scores = evaluation.scores
+    print(f"\nBLEU    {scores['bleu']:6.2f}  {scores['bleu_signature']}")
+    print(f"chrF++  {scores['chrf++']:6.2f}  {scores['chrf++_signature']}")
+    print(
+        f"{updates_text(record)}, decoding {record['decode_seconds']:.0f} s, total {record['total_minutes']:.1f} min"
+    )
+    speed = record["model_flops_per_target_token"] * record["training_target_tokens_per_second"] / 1e9
+    print(
+        f"{record['hardware']['line']}; precision {record['precision']}, attention {record['attention_backend']}; "
+        f"{record['training_target_tokens_per_second']:.0f} target tokens/s = {speed:.1f} GFLOP/s, "
+        f"MFU {100 * record['mfu']:.1f}% of the measured {record['matmul_peak_flops'] / 1e9:.0f} GFLOP/s peak"
+    )
+    examples = zip(data.test.source, evaluation.hypotheses, data.test.target, strict=True)
+    for source, hypothesis, reference in list(examples)[: args.run.examples]:
+        print(f"\n  src: {source}\n  hyp: {hypothesis}\n  ref: {reference}")
+    print(f"\nwrote {output_dir}")
+
+
+def main(argv=None) -> dict | None:
+    args = parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    started = time.monotonic()
+    if args.run.threads:
+        torch.set_num_threads(args.run.threads)
+    check_output_folders(
+        Path(args.training.output_dir),
+        args.checkpoints_dir,
+        resume=bool(args.training.resume_from_checkpoint),
+        overwrite=args.run.overwrite_output_dir,
+        dry_run=args.run.hub_dry_run,
+    )
+    data = prepare_data(args)
+    model, precision, backend = build_model(args, data)
+    trainer, report = train(args, model, data, precision)
+    model, averaged = trained_model(args, trainer)
+    leave_process_group()  # the processes need each other no more; the first one evaluates alone
+    if model is None:
+        return None  # one process evaluates and writes the folder
+    evaluation = evaluate(args, model, data, precision, report, averaged)
+    record = run_record(args, model, data, precision, backend, report, evaluation, started)
+    output_dir = export(args, model, data, evaluation, record)
+    print_summary(args, data, evaluation, record, output_dir)
+    if evaluation.degenerate and args.run.fail_on_degenerate:
+        print("\nDEGENERATE OUTPUT (exit 3): " + " ".join(evaluation.degenerate), file=sys.stderr)
+        raise SystemExit(3)
+    return record
