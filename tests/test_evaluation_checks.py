@@ -1,13 +1,15 @@
-"""Decoding shows its progress without changing its output, and a finished run's garbage output is named as
-such with its likely causes (hf_posenc/pipeline/evaluation.py)."""
+"""Decoding shows its progress without changing its output, takes texts or token ids alike, and a finished
+run's garbage output is named as such with its likely causes (hf_posenc/pipeline/evaluation.py); sacreBLEU
+scores a corpus in one place."""
 
 import copy
 import io
 import logging
+import re
 
 import pytest
 import torch
-from conftest import tiny_model
+from conftest import REPO, tiny_model
 
 from hf_posenc.pipeline.evaluation import (
     COLLAPSED_ENCODER,
@@ -142,3 +144,44 @@ def test_a_collapsed_encoder_is_named_as_the_cause():
     assert any("encoder collapsed" in reason and "--warmup_steps" in reason for reason in reasons[1:])
     assert degenerate_output(GOOD_RUN, bleu=5.4, position_encoding="sinusoidal", encoder_cosine=0.914) != []
     assert degenerate_output(GOOD_RUN, bleu=34.6, position_encoding="sinusoidal", encoder_cosine=0.14) == []
+
+
+def test_texts_and_their_token_ids_translate_alike(model_and_tokenizer):
+    """One `translate` for the scripts and the word-order probe (issue #47): token ids made by the tokenizer
+    (the probe's permuted sources) decode exactly as the texts they come from."""
+    model, tokenizer = model_and_tokenizer
+    kwargs = dict(batch_size=2, num_beams=2, max_new_tokens=4)
+    ids = [tokenizer(sentence)["input_ids"] for sentence in SOURCES]
+    assert translate(model, tokenizer, ids, **kwargs) == translate(model, tokenizer, SOURCES, **kwargs)
+
+
+def test_bf16_translation_decodes_under_bf16_autocast(model_and_tokenizer, monkeypatch):
+    model, tokenizer = model_and_tokenizer
+    autocast_seen = []
+    generate = model.generate
+
+    def recording_generate(*args, **kwargs):
+        autocast_seen.append(
+            torch.is_autocast_enabled("cpu") and torch.get_autocast_dtype("cpu") == torch.bfloat16
+        )
+        return generate(*args, **kwargs)
+
+    monkeypatch.setattr(model, "generate", recording_generate)
+    translate(model, tokenizer, SOURCES, batch_size=8, bf16=True, max_new_tokens=2)
+    translate(model, tokenizer, SOURCES, batch_size=8, max_new_tokens=2)
+    assert autocast_seen == [True, False]
+
+
+def test_sacrebleu_scores_a_corpus_in_one_place():
+    """Issue #47: BLEU and chrF come from `evaluation.corpus_score` alone (through `score_translations` or
+    `ngram_sweep`); no other module of the package or the scripts scores a corpus, and the unused `evaluate`
+    metric of train_scripts/metrics/ is gone."""
+    scoring = re.compile(r"\bcorpus_bleu\(|\bcorpus_chrf\(|\.corpus_score\(")
+    sources = [*(REPO / "hf_posenc").rglob("*.py"), *(REPO / "train_scripts").rglob("*.py")]
+    places = []
+    for path in sources:
+        for number, line in enumerate(path.read_text().splitlines(), start=1):
+            if scoring.search(line):
+                places.append(f"{path.relative_to(REPO)}:{number}")
+    assert len(places) == 1 and places[0].startswith("hf_posenc/pipeline/evaluation.py:"), places
+    assert not (REPO / "train_scripts" / "metrics").exists()

@@ -286,8 +286,22 @@ def test_cli_prints_a_table_and_writes_json_and_plot(saved_model, tmp_path, caps
     (tmp_path / "test.src").write_text("\n".join(sentences) + "\n")
     (tmp_path / "test.ref").write_text("\n".join(sentences) + "\n")
     output, plot = tmp_path / "length.json", tmp_path / "length.png"
-    main([str(saved_model), "--source", str(tmp_path / "test.src"), "--reference", str(tmp_path / "test.ref"),
-          "--k", "1", "8", "--buckets", "5", "--output", str(output), "--plot", str(plot)])  # fmt: skip
+    texts = ["--source", str(tmp_path / "test.src"), "--reference", str(tmp_path / "test.ref")]
+    main(
+        [
+            str(saved_model),
+            *texts,
+            "--k",
+            "1",
+            "8",
+            "--buckets",
+            "5",
+            "--output",
+            str(output),
+            "--plot",
+            str(plot),
+        ]
+    )
     printed = capsys.readouterr().out
     assert "| k=1 joined | 8 | 9.0 |" in printed
     assert "| k=8 joined | 1 | 65.0 | cannot: 65 positions > 64 (sinusoidal) | – | – |" in printed

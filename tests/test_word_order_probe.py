@@ -13,10 +13,10 @@ from hf_posenc.analysis.word_order_probe import (
     equivariance_gap,
     main,
     token_permutation,
-    translate,
     word_order_probe,
     word_permutation,
 )
+from hf_posenc.pipeline import evaluation
 
 WORDS = "a man a woman two dogs run on the green grass near an old red house while children play".split()
 SENTENCES = [
@@ -112,22 +112,49 @@ def test_cli_prints_one_json_row_per_permutation_kind(tokenizer, tmp_path, capsy
     assert all(row["sentences"] == 3 and row["equivariance_gap"] > 0 for row in rows)
 
 
-def test_bf16_translation_decodes_under_bf16_autocast(tokenizer, monkeypatch):
+def test_the_probe_decodes_with_the_saved_generation_config_unless_told(tokenizer, monkeypatch):
+    """One decoding loop (`pipeline.evaluation.translate`, issue #47): the probe passes on the caller's settings
+    and nothing of its own, so without settings `generate` gets the model's saved ones (beam 4, source length +
+    50), and it hands over token ids (the permuted sources) without tokenising them again."""
+    assert probe_module.translate is evaluation.translate
     model = tiny_model()
-    autocast_seen = []
+    calls = []
     generate = model.generate
 
     def recording_generate(*args, **kwargs):
-        autocast_seen.append(
-            torch.is_autocast_enabled("cpu") and torch.get_autocast_dtype("cpu") == torch.bfloat16
-        )
+        calls.append(sorted(set(kwargs) - {"input_ids", "attention_mask"}))
         return generate(*args, **kwargs)
 
     monkeypatch.setattr(model, "generate", recording_generate)
-    ids = [tokenizer(sentence)["input_ids"] for sentence in SENTENCES]
-    translate(model, tokenizer, ids, batch_size=8, bf16=True, max_new_tokens=2)
-    translate(model, tokenizer, ids, batch_size=8, max_new_tokens=2)
-    assert autocast_seen == [True, False]
+    word_order_probe(model, tokenizer, SENTENCES, num_permutations=1, kinds=["local_swap"])
+    assert calls == [[], []]  # the originals, then the permuted sources: the saved config alone
+    calls.clear()
+    word_order_probe(model, tokenizer, SENTENCES, num_permutations=1, kinds=["local_swap"], num_beams=1)
+    assert calls == [["num_beams"], ["num_beams"]]
+
+
+def test_cli_passes_only_the_decoding_flags_given(tokenizer, tmp_path, monkeypatch, capsys):
+    tiny_model().save_pretrained(tmp_path)
+    tokenizer.save_pretrained(tmp_path)
+    settings = []
+
+    def recording_translate(model, tokenizer, sources, batch_size, bf16=False, **kwargs):
+        settings.append(kwargs)
+        return ["x"] * len(sources)
+
+    monkeypatch.setattr(probe_module, "translate", recording_translate)
+    flags = [str(tmp_path), "--sentences", *SENTENCES, "--permutations", "1", "--precision", "fp32"]
+    main(flags)
+    main([*flags, "--max_new_tokens", "7"])
+    assert settings[0] == {} and settings[-1] == {"max_new_tokens": 7}
+
+
+def test_sentences_of_one_word_are_left_out_with_a_warning(tokenizer, caplog):
+    """A one-word sentence has no other order: counted in, it would pull the gap towards 0 and BLEU to 100."""
+    kwargs = dict(num_permutations=1, kinds=["shuffle"], num_beams=1, max_new_tokens=2)
+    results = word_order_probe(tiny_model(), tokenizer, [*SENTENCES, "dogs"], **kwargs)
+    assert results[0].sentences == len(SENTENCES)
+    assert "leaving out 1 of 4 sentences of fewer than two words" in caplog.text
 
 
 @pytest.mark.parametrize("precision, bf16", [("bf16", True), ("fp32", False)])
@@ -138,9 +165,9 @@ def test_cli_precision_flag_sets_the_decoding_precision(
     tokenizer.save_pretrained(tmp_path)
     decoded_bf16 = set()
 
-    def recording_translate(model, tokenizer, input_ids, batch_size, bf16=False, **kwargs):
+    def recording_translate(model, tokenizer, sources, batch_size, bf16=False, **kwargs):
         decoded_bf16.add(bf16)
-        return ["x"] * len(input_ids)
+        return ["x"] * len(sources)
 
     monkeypatch.setattr(probe_module, "translate", recording_translate)
     main([str(tmp_path), "--sentences", *SENTENCES, "--permutations", "1", "--precision", precision])

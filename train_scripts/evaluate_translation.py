@@ -11,6 +11,10 @@ translations instead.
 Writes `<model>/evaluation.json` (BLEU, chrF++, signatures; paired bootstrap resampling against the
 baseline with paper-1 significance marks; the n-gram sweep of paper 1 Fig. 4) and, with --ngram_sweep,
 `<model>/ngram_sweep.png`.
+
+Every flag, file and folder is checked before decoding: counts (--batch_size, --num_beams, --threads,
+--bootstrap_samples) must be at least 1, --length_penalty a finite number; the model folder, the text files
+and the folder of --output must exist, and the baseline must have as many lines as the references.
 """
 
 import argparse
@@ -23,6 +27,8 @@ import hf_posenc  # noqa: F401  (registers the Auto classes)
 from hf_posenc.pipeline.cli import run_cli
 from hf_posenc.pipeline.data import read_lines, read_parallel
 from hf_posenc.pipeline.evaluation import (
+    check_aligned,
+    check_number,
     load_translation_model,
     ngram_sweep,
     paired_bootstrap,
@@ -31,6 +37,31 @@ from hf_posenc.pipeline.evaluation import (
     translate,
 )
 from hf_posenc.pipeline.hardware import choose_precision, describe_hardware
+
+
+def check_flags(parser, args) -> None:
+    """Refuse, through the parser (exit 2), a flag whose value alone is wrong or that cannot apply."""
+    counts = ("bootstrap_samples", "num_beams", "batch_size", "threads")
+    try:
+        for flag in counts:
+            if getattr(args, flag) is not None:
+                check_number(f"--{flag}", getattr(args, flag), minimum=1, integer=True)
+        if args.length_penalty is not None:
+            check_number(
+                "--length_penalty",
+                args.length_penalty,
+                hint="allowed: any finite number (> 0 favours longer translations, < 0 shorter); "
+                "without the flag, the model's saved value",
+            )
+    except ValueError as error:
+        parser.error(str(error))
+    if args.ngram_sweep and not args.baseline_hypotheses:
+        parser.error("--ngram_sweep compares two systems: give --baseline_hypotheses")
+    given = [f"--{flag}" for flag in ("num_beams", "length_penalty") if getattr(args, flag) is not None]
+    if args.hypotheses and given:
+        parser.error(
+            f"{', '.join(given)} set decoding, but --hypotheses scores translations without decoding"
+        )
 
 
 def main(argv=None):
@@ -46,26 +77,43 @@ def main(argv=None):
     )
     parser.add_argument("--bootstrap_samples", type=int, default=1000)
     parser.add_argument("--ngram_sweep", action="store_true", help="paper 1 Fig. 4 (needs a baseline)")
-    parser.add_argument("--num_beams", type=int, default=None)
-    parser.add_argument("--length_penalty", type=float, default=None)
+    parser.add_argument("--num_beams", type=int, default=None, help="default: the model's generation config")
+    parser.add_argument(
+        "--length_penalty",
+        type=float,
+        default=None,
+        help="any finite number (> 0 favours longer translations); default: the model's generation config",
+    )
     parser.add_argument("--batch_size", type=int, default=64)
-    parser.add_argument("--precision", choices=["auto", "bf16", "fp32"], default="auto",
-                        help="decoding precision; auto: bf16 where measured faster than fp32 here")  # fmt: skip
+    parser.add_argument(
+        "--precision",
+        choices=["auto", "bf16", "fp32"],
+        default="auto",
+        help="decoding precision; auto: bf16 where measured faster than fp32 here",
+    )
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--output", default=None, help="JSON path (default <model>/evaluation.json)")
     args = parser.parse_args(argv)
-    if args.bootstrap_samples < 1:
-        parser.error(f"--bootstrap_samples={args.bootstrap_samples} must be at least 1")
-    if args.ngram_sweep and not args.baseline_hypotheses:
-        parser.error("--ngram_sweep compares two systems: give --baseline_hypotheses")
-    if args.threads:
+    check_flags(parser, args)
+    if args.threads is not None:
         torch.set_num_threads(args.threads)
 
-    test = read_parallel(args.source, args.reference)
     model_dir = Path(args.model)
+    if not model_dir.is_dir():
+        raise FileNotFoundError(f"model folder {model_dir} does not exist")
+    output = Path(args.output or model_dir / "evaluation.json")
+    if not output.parent.is_dir():
+        raise FileNotFoundError(f"--output {output}: its folder {output.parent} does not exist")
+    if output.is_dir():
+        raise IsADirectoryError(f"--output {output} is a folder; give the path of the JSON file to write")
+    test = read_parallel(args.source, args.reference)
+    if args.baseline_hypotheses:
+        baseline = read_lines(args.baseline_hypotheses)
+        check_aligned(baseline, test.target, f"--baseline_hypotheses {args.baseline_hypotheses}")
     decoding = {}  # how the hypotheses were decoded, when this script decoded them
     if args.hypotheses:
         hypotheses = read_lines(args.hypotheses)
+        check_aligned(hypotheses, test.target, f"--hypotheses {args.hypotheses}")
     else:
         model, tokenizer = load_translation_model(model_dir)
         overrides = {
@@ -94,7 +142,6 @@ def main(argv=None):
         (model_dir / "evaluation.hyp").write_text("\n".join(hypotheses) + "\n")
     report = {"test_set": test.name, "scores": score_translations(hypotheses, test.target), **decoding}
     if args.baseline_hypotheses:
-        baseline = read_lines(args.baseline_hypotheses)
         report["paired_bootstrap"] = paired_bootstrap(
             baseline, hypotheses, test.target, args.bootstrap_samples
         )
@@ -104,15 +151,16 @@ def main(argv=None):
         plot_ngram_sweep(
             report["ngram_sweep"], model_dir / "ngram_sweep.png", title=f"{model_dir.name} − baseline"
         )
-    output = Path(args.output or model_dir / "evaluation.json")
     output.write_text(json.dumps(report, indent=2) + "\n")
 
     scores = report["scores"]
     print(f"BLEU    {scores['bleu']:6.2f}  {scores['bleu_signature']}")
     print(f"chrF++  {scores['chrf++']:6.2f}  {scores['chrf++_signature']}")
     for metric, result in report.get("paired_bootstrap", {}).items():
-        print(f"{metric}: baseline {result['baseline']} vs system {result['system']}{result['significance']} "
-              f"(p = {result['p_value']}, 95% CI ±{result['system_95ci']})")  # fmt: skip
+        print(
+            f"{metric}: baseline {result['baseline']} vs system {result['system']}{result['significance']} "
+            f"(p = {result['p_value']}, 95% CI ±{result['system_95ci']})"
+        )
     print(f"wrote {output}")
     return report
 

@@ -41,12 +41,11 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import torch
-from sacrebleu.metrics import BLEU
 
 from ..base import PositionLimitError
 from ..pipeline.cli import run_cli
 from ..pipeline.data import read_parallel
-from ..pipeline.evaluation import load_translation_model, score_translations, translate
+from ..pipeline.evaluation import check_number, load_translation_model, score_translations, translate
 
 DEFAULT_K = (1, 2, 4, 8)
 DEFAULT_BUCKET_EDGES = (10, 20, 30, 40)
@@ -73,21 +72,21 @@ def is_count(value) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value >= 1
 
 
-def check_group_sizes(k: Sequence[int]) -> list[int]:
+def check_group_sizes(k: Sequence[int], name: str = "k") -> list[int]:
     sizes = list(k)
     if not sizes or not all(map(is_count, sizes)):
-        raise ValueError(f"k={sizes!r}: expected one or more whole numbers >= 1, e.g. [1, 2, 4, 8]")
+        raise ValueError(f"{name}={sizes!r}: expected one or more whole numbers >= 1, e.g. [1, 2, 4, 8]")
     if len(set(sizes)) != len(sizes):
-        raise ValueError(f"k={sizes!r} repeats a value; give each group size once")
+        raise ValueError(f"{name}={sizes!r} repeats a value; give each group size once")
     return sizes
 
 
-def check_bucket_edges(edges: Sequence[int]) -> list[int]:
+def check_bucket_edges(edges: Sequence[int], name: str = "bucket_edges") -> list[int]:
     edges = list(edges)
     increasing = all(map(is_count, edges)) and all(a < b for a, b in zip(edges, edges[1:], strict=False))
     if not edges or not increasing:
         raise ValueError(
-            f"bucket_edges={edges!r}: expected strictly increasing whole numbers >= 1, e.g. [10, 20, 30, 40]"
+            f"{name}={edges!r}: expected strictly increasing whole numbers >= 1, e.g. [10, 20, 30, 40]"
         )
     return edges
 
@@ -127,14 +126,13 @@ def count_sentence_ends(text: str) -> int:
 def score_row(hypotheses: list[str], references: list[str]) -> dict:
     """BLEU, chrF++, sacreBLEU's hypothesis/reference length ratio and the sentence ends on each side of one set
     of translations."""
-    scores = score_translations(hypotheses, references)
-    bleu = BLEU().corpus_score(hypotheses, [references])
+    scores = score_translations(hypotheses, references, lengths=True)
     return {
         "bleu": scores["bleu"],
         "chrf++": scores["chrf++"],
-        "length_ratio": round(bleu.sys_len / bleu.ref_len, 3) if bleu.ref_len else None,
-        "hyp_len": bleu.sys_len,
-        "ref_len": bleu.ref_len,
+        "length_ratio": round(scores["hyp_len"] / scores["ref_len"], 3) if scores["ref_len"] else None,
+        "hyp_len": scores["hyp_len"],
+        "ref_len": scores["ref_len"],
         "hyp_sentence_ends": sum(map(count_sentence_ends, hypotheses)),
         "ref_sentence_ends": sum(map(count_sentence_ends, references)),
         "signatures": {"bleu": scores["bleu_signature"], "chrf++": scores["chrf++_signature"]},
@@ -448,17 +446,33 @@ def main(argv=None):
     parser.add_argument(
         "--k", type=int, nargs="+", default=list(DEFAULT_K), help="sentences joined per input"
     )
-    parser.add_argument("--buckets", type=int, nargs="+", default=list(DEFAULT_BUCKET_EDGES),
-                        help="source-length bucket edges in tokens")  # fmt: skip
+    parser.add_argument(
+        "--buckets",
+        type=int,
+        nargs="+",
+        default=list(DEFAULT_BUCKET_EDGES),
+        help="source-length bucket edges in tokens",
+    )
     parser.add_argument("--max_sentences", type=int, default=None, help="use only the first N test pairs")
     parser.add_argument("--batch_size", type=int, default=64)
     parser.add_argument("--bf16", action="store_true", help="decode under bf16 autocast")
     parser.add_argument("--output", type=Path, help="write the results as JSON")
     parser.add_argument("--plot", type=Path, help="write BLEU and length ratio against source length (PNG)")
-    parser.add_argument("--trust_remote_code", action="store_true",
-                        help="load the saved code instead of this package's classes (their limit errors are not "
-                             "recognised then: a too-short table stops the run)")  # fmt: skip
+    parser.add_argument(
+        "--trust_remote_code",
+        action="store_true",
+        help="load the saved code instead of this package's classes (their limit errors are not "
+        "recognised then: a too-short table stops the run)",
+    )
     args = parser.parse_args(argv)
+    try:
+        check_group_sizes(args.k, name="--k")
+        check_bucket_edges(args.buckets, name="--buckets")
+        check_number("--batch_size", args.batch_size, minimum=1, integer=True)
+        if args.max_sentences is not None:
+            check_number("--max_sentences", args.max_sentences, minimum=1, integer=True)
+    except ValueError as error:
+        parser.error(str(error))
 
     text = read_parallel(args.source, args.reference, limit=args.max_sentences)
     model, tokenizer = load_translation_model(args.model, trust_remote_code=args.trust_remote_code)

@@ -13,9 +13,13 @@ neighbouring words, and reports
 
     python -m hf_posenc.analysis.word_order_probe MODEL_DIR --source sentences.txt --permutations 5 --seed 0
 
-Translations decode under `--precision` (auto: bf16 autocast where it is measurably faster on this machine,
-see `hf_posenc.pipeline.hardware.choose_precision`); the equivariance gap is always computed in fp32, where
-bf16 rounding would hide a small gap.
+Translations go through `hf_posenc.pipeline.evaluation.translate` with the model's saved generation config
+(beam 4, length penalty 0.6, source length + 50 new tokens) unless `--num_beams` / `--max_new_tokens` (or the
+API's `generate_kwargs`) override it, and are scored with its `score_translations`. They decode under
+`--precision` (auto: bf16 autocast where it is measurably faster on this machine, see
+`hf_posenc.pipeline.hardware.choose_precision`); the equivariance gap is always computed in fp32, where bf16
+rounding would hide a small gap. A sentence of fewer than two words has no other order: it is left out, with a
+warning.
 """
 
 import argparse
@@ -25,11 +29,11 @@ import random
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-import sacrebleu
 import torch
 
 from ..pipeline.cli import run_cli
-from ..pipeline.evaluation import load_translation_model
+from ..pipeline.data import read_lines
+from ..pipeline.evaluation import check_number, load_translation_model, score_translations, translate
 from ..pipeline.hardware import choose_precision
 
 PERMUTATION_KINDS = ("shuffle", "local_swap")
@@ -80,28 +84,6 @@ def equivariance_gap(encoder, input_ids: torch.Tensor, permutation: torch.Tensor
     return float((permuted_states - states[permutation]).norm() / states.norm())
 
 
-@torch.no_grad()
-def translate(
-    model, tokenizer, input_ids: list[list[int]], batch_size: int, bf16: bool = False, **generate_kwargs
-) -> list[str]:
-    """Translations of already tokenised sources (right-padded in batches), under bf16 autocast with `bf16`."""
-    translations = []
-    for start in range(0, len(input_ids), batch_size):
-        chunk = input_ids[start : start + batch_size]
-        longest = max(len(ids) for ids in chunk)
-        padded = torch.full((len(chunk), longest), tokenizer.pad_token_id)
-        mask = torch.zeros_like(padded)
-        for row, ids in enumerate(chunk):
-            padded[row, : len(ids)] = torch.tensor(ids)
-            mask[row, : len(ids)] = 1
-        with torch.autocast(device_type=model.device.type, dtype=torch.bfloat16, enabled=bf16):
-            generated = model.generate(
-                padded.to(model.device), attention_mask=mask.to(model.device), **generate_kwargs
-            )
-        translations += tokenizer.batch_decode(generated, skip_special_tokens=True)
-    return translations
-
-
 def word_order_probe(
     model,
     tokenizer,
@@ -115,15 +97,38 @@ def word_order_probe(
 ) -> list[WordOrderProbeResult]:
     """Equivariance gap and BLEU-vs-original for each kind of word permutation (see the module docstring).
 
-    `generate_kwargs` go to `model.generate` (e.g. num_beams=4, max_new_tokens=64); `bf16` decodes under bf16
-    autocast (the gap stays fp32).
+    `generate_kwargs` override the model's saved generation config in `model.generate` (e.g. num_beams=1,
+    max_new_tokens=64); `bf16` decodes under bf16 autocast (the gap stays fp32). Sentences of fewer than two
+    words are left out (a warning counts them); no sentence left, no kind, or fewer than one permutation is an
+    error.
     """
+    check_number("num_permutations", num_permutations, minimum=1, integer=True)
+    check_number("batch_size", batch_size, minimum=1, integer=True)
+    unknown = [kind for kind in kinds if kind not in PERMUTATION_KINDS]
+    if not kinds or unknown:
+        raise ValueError(
+            f"kinds={list(kinds)!r}: give one or more of {', '.join(PERMUTATION_KINDS)}"
+            + (f" ({', '.join(map(repr, unknown))} is not known)" if unknown else "")
+        )
+    encodings = [tokenizer(sentence) for sentence in sentences]
+    words = [len({word for word in encoding.word_ids() if word is not None}) for encoding in encodings]
+    one_word = sum(count < 2 for count in words)
+    if one_word:
+        logger.warning(
+            "leaving out %d of %d sentences of fewer than two words (no permutation changes them)",
+            one_word,
+            len(sentences),
+        )
+    encodings = [encoding for encoding, count in zip(encodings, words, strict=True) if count >= 2]
+    if not encodings:
+        raise ValueError(
+            f"the word-order probe got {len(sentences)} source sentences, none of two or more words: "
+            "give sentences whose words can be reordered"
+        )
     model.eval()
     encoder = model.get_encoder()
-    encodings = [tokenizer(sentence) for sentence in sentences]
-    originals = translate(
-        model, tokenizer, [e["input_ids"] for e in encodings], batch_size, bf16, **generate_kwargs
-    )
+    decode = {"batch_size": batch_size, "bf16": bf16, **generate_kwargs}
+    originals = translate(model, tokenizer, [encoding["input_ids"] for encoding in encodings], **decode)
     results = []
     for kind in kinds:
         rng = random.Random(seed)
@@ -137,17 +142,27 @@ def word_order_probe(
                 gaps.append(equivariance_gap(encoder, ids, torch.tensor(order, device=model.device)))
                 permuted_sources.append([encoding["input_ids"][index] for index in order])
                 references.append(original)
-        translations = translate(model, tokenizer, permuted_sources, batch_size, bf16, **generate_kwargs)
+        translations = translate(model, tokenizer, permuted_sources, **decode)
         results.append(
             WordOrderProbeResult(
                 kind=kind,
-                sentences=len(sentences),
+                sentences=len(encodings),
                 permutations_per_sentence=num_permutations,
                 equivariance_gap=sum(gaps) / len(gaps),
-                bleu_vs_original=sacrebleu.corpus_bleu(translations, [references]).score,
+                bleu_vs_original=score_translations(translations, references)["bleu"],
             )
         )
     return results
+
+
+def read_sentences(args) -> list[str]:
+    """The non-blank source sentences of `--source` or `--sentences`; none is an error naming where from."""
+    lines = read_lines(args.source) if args.source is not None else args.sentences
+    sentences = [line.strip() for line in lines if line.strip()]
+    if not sentences:
+        where = f"--source {args.source}" if args.source is not None else "--sentences"
+        raise ValueError(f"{where} holds no sentence (only blank lines); the probe needs source sentences")
+    return sentences
 
 
 def main(argv=None):
@@ -156,41 +171,55 @@ def main(argv=None):
     )
     parser.add_argument("model", help="folder with a saved model and its tokenizer")
     sources = parser.add_mutually_exclusive_group(required=True)
-    sources.add_argument("--source", type=Path, help="text file, one source sentence per line")
+    sources.add_argument("--source", type=Path, help="text file, one source sentence per line (.gz ok)")
     sources.add_argument("--sentences", nargs="+", help="source sentences on the command line")
-    parser.add_argument("--max_sentences", type=int, default=200)
+    parser.add_argument("--max_sentences", type=int, default=200, help="use only the first N sentences")
     parser.add_argument("--permutations", type=int, default=5, help="permutations per sentence and kind")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--kinds", nargs="+", choices=PERMUTATION_KINDS, default=list(PERMUTATION_KINDS))
-    parser.add_argument("--num_beams", type=int, default=4)
-    parser.add_argument("--max_new_tokens", type=int, default=64)
+    parser.add_argument("--num_beams", type=int, default=None, help="default: the model's generation config")
+    parser.add_argument(
+        "--max_new_tokens", type=int, default=None, help="default: the model's (source length + 50)"
+    )
     parser.add_argument("--batch_size", type=int, default=32)
-    parser.add_argument("--precision", choices=["auto", "bf16", "fp32"], default="auto",
-                        help="decoding precision; auto: bf16 where measured faster than fp32 here")  # fmt: skip
+    parser.add_argument(
+        "--precision",
+        choices=["auto", "bf16", "fp32"],
+        default="auto",
+        help="decoding precision; auto: bf16 where measured faster than fp32 here",
+    )
     parser.add_argument("--trust_remote_code", action="store_true")
     args = parser.parse_args(argv)
+    for flag in ("max_sentences", "permutations", "num_beams", "max_new_tokens", "batch_size"):
+        if getattr(args, flag) is not None:
+            try:
+                check_number(f"--{flag}", getattr(args, flag), minimum=1, integer=True)
+            except ValueError as error:
+                parser.error(str(error))
 
+    sentences = read_sentences(args)[: args.max_sentences]
     model, tokenizer = load_translation_model(args.model, trust_remote_code=args.trust_remote_code)
-    if args.source is not None:
-        sentences = [line.strip() for line in args.source.read_text().splitlines() if line.strip()]
-    else:
-        sentences = args.sentences
+    overrides = {
+        name: getattr(args, name)
+        for name in ("num_beams", "max_new_tokens")
+        if getattr(args, name) is not None
+    }
+    beams = args.num_beams or model.generation_config.num_beams or 1
     config = model.config
     precision = choose_precision(
-        args.precision, model.device, config.d_model, config.decoder_ffn_dim, args.batch_size * args.num_beams
+        args.precision, model.device, config.d_model, config.decoder_ffn_dim, args.batch_size * beams
     )
     logger.info("decoding %s", precision.line())
     results = word_order_probe(
         model,
         tokenizer,
-        sentences[: args.max_sentences],
+        sentences,
         num_permutations=args.permutations,
         seed=args.seed,
         kinds=args.kinds,
         batch_size=args.batch_size,
         bf16=precision.precision == "bf16",
-        num_beams=args.num_beams,
-        max_new_tokens=args.max_new_tokens,
+        **overrides,
     )
     print(json.dumps([asdict(result) for result in results], indent=2))
 

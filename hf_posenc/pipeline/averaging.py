@@ -1,12 +1,18 @@
 """Checkpoint averaging (fairseq's `average_checkpoints.py`, which the HF stack lacks).
 
 Paper 1 averages the last 5 checkpoints; paper 2 takes the checkpoint with the best validation perplexity
-and the ones that follow it. Tensors are read from safetensors only.
+and the ones that follow it. Tensors are read from safetensors only. Checkpoints of different models (configs)
+or different tokenizers are refused; the averaged folder is written whole (`check_output_dir`,
+`write_whole`), never into its inputs or over a finished run.
 """
 
+import contextlib
+import hashlib
 import json
 import math
 import re
+import shutil
+import uuid
 from pathlib import Path
 
 import safetensors
@@ -27,7 +33,12 @@ def list_checkpoints(checkpoints_dir) -> list[Path]:
 
 def validation_perplexities(checkpoint: Path) -> dict[int, float]:
     """step -> validation perplexity, from the Trainer state saved with a checkpoint."""
-    state = json.loads((checkpoint / "trainer_state.json").read_text())
+    path = checkpoint / "trainer_state.json"
+    if not path.is_file():
+        raise FileNotFoundError(
+            f"{path} is missing: the best checkpoint is chosen by the validation losses it logs"
+        )
+    state = json.loads(path.read_text())
     return {
         entry["step"]: math.exp(entry["eval_loss"]) for entry in state["log_history"] if "eval_loss" in entry
     }
@@ -65,16 +76,59 @@ def checkpoint_config(checkpoint: Path) -> dict:
     return {k: v for k, v in json.loads(path.read_text()).items() if k not in RUN_SPECIFIC_CONFIG_KEYS}
 
 
-def average_state_dicts(checkpoints: list[Path]) -> dict[str, torch.Tensor]:
-    """Element-wise mean of the floating-point tensors of `model.safetensors` in each checkpoint (fp32 sums).
+# The files a saved tokenizer consists of (fast and slow tokenizers, BPE, WordPiece, SentencePiece, Marian's spm).
+TOKENIZER_FILES = (
+    "tokenizer*.json",
+    "special_tokens_map.json",
+    "added_tokens.json",
+    "vocab*",
+    "merges.txt",
+    "*.spm",
+    "*.model",
+)
+# tokenizer_config.json entries that record how a tokenizer was loaded, not what it does
+LOADING_TOKENIZER_KEYS = {"is_local", "local_files_only", "name_or_path", "_commit_hash"}
 
-    The checkpoints must be of one model: the same config (two models with the same tensor names, e.g.
-    sinusoidal and ALiBi, are not averaged) and the same tensor names and shapes; errors name the paths."""
+
+def tokenizer_fingerprint(checkpoint: Path) -> dict[str, str]:
+    """file name -> sha256 of each tokenizer file of a checkpoint (tokenizer_config.json without its loading
+    entries): two checkpoints of one run have the same; {} when it holds no tokenizer."""
+    fingerprint = {}
+    for path in sorted({path for pattern in TOKENIZER_FILES for path in checkpoint.glob(pattern)}):
+        content = path.read_bytes()
+        if path.name == "tokenizer_config.json":
+            settings = {k: v for k, v in json.loads(content).items() if k not in LOADING_TOKENIZER_KEYS}
+            content = json.dumps(settings, sort_keys=True).encode()
+        fingerprint[path.name] = hashlib.sha256(content).hexdigest()[:12]
+    return fingerprint
+
+
+def check_same_tokenizer(checkpoints: list[Path]) -> None:
+    """Refuse checkpoints whose tokenizer files differ from the first's, naming the checkpoint and the files:
+    the same vocabulary size does not make the same tokenizer, and averaged embeddings of two vocabularies
+    are garbage."""
+    reference = tokenizer_fingerprint(checkpoints[0])
+    for checkpoint in checkpoints[1:]:
+        fingerprint = tokenizer_fingerprint(checkpoint)
+        differing = [
+            f"{name} (sha256 {reference.get(name, 'absent')} vs {fingerprint.get(name, 'absent')})"
+            for name in sorted(reference.keys() | fingerprint.keys())
+            if reference.get(name) != fingerprint.get(name)
+        ]
+        if differing:
+            raise ValueError(
+                f"{checkpoint} has another tokenizer than {checkpoints[0]}: {', '.join(differing)} differ; "
+                "only checkpoints of one run, with one tokenizer, are averaged"
+            )
+
+
+def check_one_model(checkpoints: list[Path]) -> None:
+    """Refuse checkpoints that are not of one model: a config (but for its run-specific entries) or tokenizer
+    files that differ from the first checkpoint's; the error names both checkpoints and what differs."""
     if not checkpoints:
         raise ValueError("no checkpoints to average")
     reference = checkpoint_config(checkpoints[0])
-    total: dict[str, torch.Tensor] = {}
-    for checkpoint in checkpoints:
+    for checkpoint in checkpoints[1:]:
         config = checkpoint_config(checkpoint)
         differing = sorted(
             key for key in reference.keys() | config.keys() if reference.get(key) != config.get(key)
@@ -84,6 +138,19 @@ def average_state_dicts(checkpoints: list[Path]) -> dict[str, torch.Tensor]:
                 f"{checkpoint} is another model than {checkpoints[0]}: config fields {differing} differ "
                 f"({', '.join(f'{k}={reference.get(k)!r} vs {config.get(k)!r}' for k in differing[:3])})"
             )
+    check_same_tokenizer(checkpoints)
+
+
+def average_state_dicts(checkpoints: list[Path]) -> dict[str, torch.Tensor]:
+    """Element-wise mean of the floating-point tensors of `model.safetensors` in each checkpoint (fp32 sums).
+
+    The checkpoints must be of one model: the same config (two models with the same tensor names, e.g.
+    sinusoidal and ALiBi, are not averaged), the same tokenizer files (`check_same_tokenizer`: two vocabularies
+    of one size would pass every other check) and the same tensor names and shapes; errors name the paths.
+    Configs and tokenizers are compared (`check_one_model`) before any tensor is read."""
+    check_one_model(checkpoints)
+    total: dict[str, torch.Tensor] = {}
+    for checkpoint in checkpoints:
         path = checkpoint / "model.safetensors"
         if not path.is_file():
             raise FileNotFoundError(f"{path} is missing (only safetensors checkpoints are averaged)")
@@ -119,3 +186,67 @@ def average_into(model, checkpoints: list[Path]) -> None:
             f"unexpected {unexpected}"
         )
     model.tie_weights()
+
+
+# Files that make a folder a finished model or run (train.py's scores, card and translations, the weights).
+RUN_FILES = ("scores.json", "README.md", "model.safetensors", "config.json", "evaluation.json")
+
+
+def check_output_dir(output_dir, checkpoints_dir, chosen: list[Path], overwrite: bool = False) -> Path:
+    """The output folder of an averaging, refused (naming both folders) when it is one of the checkpoints, lies
+    inside the checkpoints folder or holds it (writing there would change or delete the inputs, even with
+    `overwrite`), or already holds files and `overwrite` is not set (new weights beside an old run's scores,
+    card and translations would be a mixture no one asked for)."""
+    output, source = Path(output_dir), Path(checkpoints_dir)
+    resolved, source_resolved = output.resolve(), source.resolve()
+    for checkpoint in chosen:
+        if resolved == checkpoint.resolve():
+            raise ValueError(
+                f"--output_dir {output} is {checkpoint}, one of the checkpoints being averaged; write the "
+                f"average to a folder outside {source}"
+            )
+    if resolved.is_relative_to(source_resolved):
+        raise ValueError(
+            f"--output_dir {output} is inside the checkpoints folder {source} that is being averaged; write "
+            f"the average to a folder outside it"
+        )
+    if source_resolved.is_relative_to(resolved):
+        raise ValueError(
+            f"--output_dir {output} holds the checkpoints folder {source} that is being averaged; write the "
+            f"average to a folder outside it"
+        )
+    if output.exists() and not output.is_dir():
+        raise NotADirectoryError(f"--output_dir {output} is a file, not a folder")
+    present = sorted(path.name for path in output.iterdir()) if output.is_dir() else []
+    if present and not overwrite:
+        present.sort(key=lambda name: name not in RUN_FILES)  # what makes it a run first
+        shown = ", ".join(present[:5]) + (f" and {len(present) - 5} more" if len(present) > 5 else "")
+        raise ValueError(
+            f"--output_dir {output} already holds a model or run ({shown}); averaged weights there would sit "
+            "beside its old scores, card and translations. Choose a new folder, or pass --overwrite_output_dir "
+            "to replace the whole folder"
+        )
+    return output
+
+
+@contextlib.contextmanager
+def write_whole(output_dir):
+    """Yield an empty folder beside `output_dir` to write into; when the block ends without an error, it takes
+    the place of `output_dir` (an old folder of that name is moved aside first and deleted last, so no moment
+    leaves neither, and nothing of the old folder survives in the new one). On an error it is deleted and
+    `output_dir` is left as it was."""
+    output = Path(output_dir)
+    output.parent.mkdir(parents=True, exist_ok=True)
+    partial = output.with_name(f".{output.name}.partial-{uuid.uuid4().hex[:8]}")
+    partial.mkdir()
+    try:
+        yield partial
+    except BaseException:
+        shutil.rmtree(partial, ignore_errors=True)
+        raise
+    old = output.with_name(f".{output.name}.replaced-{uuid.uuid4().hex[:8]}")
+    if output.exists():
+        output.rename(old)
+    partial.rename(output)
+    if old.exists():
+        shutil.rmtree(old)

@@ -3,11 +3,15 @@ n-gram sweep of paper 1 (Fig. 4), and a check that a run's output is not garbage
 
 Scores are computed on detokenised text with sacreBLEU: BLEU (13a tokenisation) and chrF++ (character
 6-grams + word 2-grams). Significance follows paper 1: paired bootstrap resampling (Koehn 2004) against a
-baseline system, marked at p < 0.05 and p < 0.10.
+baseline system, marked at p < 0.05 and p < 0.10. `translate` is the one decoding loop and `corpus_score` the
+one place a sacreBLEU metric scores a corpus: the scripts and the analyses (word-order probe, length
+generalisation) go through them. `check_number` is the range check the tools apply to their numeric flags.
 """
 
+import math
 import threading
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import torch
@@ -25,13 +29,60 @@ COLLAPSED_ENCODER = 0.9
 # `no_init_weights` patch `PreTrainedModel` and `torch.nn.init`): two loads in threads of one process (compare.py's
 # runs) can restore each other's patches, leaving the tied embeddings and lm_head on the meta device. Loads take turns.
 _LOADING = threading.Lock()
+# The files `from_pretrained` reads a model's weights from (one of them).
+WEIGHT_FILES = (
+    "model.safetensors",
+    "model.safetensors.index.json",
+    "pytorch_model.bin",
+    "pytorch_model.bin.index.json",
+)
+# Decoding settings that count something: below 1 they decode nothing or fail deep inside `generate`.
+DECODING_COUNTS = ("num_beams", "max_new_tokens", "max_length", "num_return_sequences")
+
+
+def check_number(
+    name: str, value, minimum=None, maximum=None, *, integer: bool = False, hint: str = ""
+) -> None:
+    """Raise ValueError unless `value` is a finite number (a whole one with `integer`) in [minimum, maximum]
+    (None: unbounded). The message names `name`, the value and the allowed range, e.g. "--batch_size=0 must be
+    at least 1", "--length_penalty=nan must be a finite number"; `hint` follows it. For every numeric flag of
+    the tools (NaN passes `<` and `>` comparisons, so a range check alone lets it through)."""
+    if minimum is not None and maximum is not None:
+        bounds = f"in [{minimum}, {maximum}]"
+    elif minimum is not None or maximum is not None:
+        bounds = f"at least {minimum}" if minimum is not None else f"at most {maximum}"
+    else:
+        bounds = ""
+    kind = "a whole number" if integer else "a finite number"
+    number = isinstance(value, int | float) and not isinstance(value, bool)
+    if not number or not math.isfinite(value) or (integer and not isinstance(value, int)):
+        problem = f"must be {kind}" + (f" {bounds}" if bounds else "")
+    elif (minimum is not None and value < minimum) or (maximum is not None and value > maximum):
+        problem = f"must be {bounds}"
+    else:
+        return
+    shown = value if number else repr(value)
+    raise ValueError(f"{name}={shown} {problem}" + (f"; {hint}" if hint else ""))
+
+
+def check_decoding_settings(model, generate_kwargs: dict) -> None:
+    """Refuse decoding settings that would decode garbage without an error: a non-finite float (a NaN length
+    penalty ranks every beam alike and collapses the output) or a count below 1, given by the caller or saved
+    in the model's generation config."""
+    saved = model.generation_config.to_dict()
+    for name, value in {**saved, **generate_kwargs}.items():
+        origin = "given to translate" if name in generate_kwargs else "in the model's generation_config.json"
+        if isinstance(value, float):
+            check_number(name, value, hint=f"the decoding setting {origin}")
+        elif name in DECODING_COUNTS and value is not None:
+            check_number(name, value, minimum=1, integer=True, hint=f"the decoding setting {origin}")
 
 
 @torch.no_grad()
 def translate(
     model,
     tokenizer,
-    sentences: list[str],
+    sources: Sequence[str] | Sequence[Sequence[int]],
     batch_size: int = 64,
     bf16: bool = False,
     *,
@@ -41,27 +92,35 @@ def translate(
 ) -> list[str]:
     """Translate in length-sorted batches (less padding), returning outputs in the input order.
 
-    Decoding settings come from the model's generation config unless given in `generate_kwargs`. Progress
-    (sentences done/total) goes to a tqdm bar when `progress_stream` (default stderr) is a terminal, else to
-    log lines every `progress_every_seconds`.
+    `sources` are texts, or token ids `tokenizer` made (the word-order probe permutes tokens, which must not be
+    tokenised again); the tokenizer pads each batch. Decoding settings come from the model's saved generation
+    config unless given in `generate_kwargs` (`check_decoding_settings` refuses NaN and counts below 1). Under
+    `bf16` decoding runs in bf16 autocast. Progress (sentences done/total) goes to a tqdm bar when
+    `progress_stream` (default stderr) is a terminal, else to log lines every `progress_every_seconds`.
     """
+    check_number("batch_size", batch_size, minimum=1, integer=True)
+    check_decoding_settings(model, generate_kwargs)
     model.eval()
-    order = sorted(range(len(sentences)), key=lambda i: len(sentences[i]))
-    outputs = [None] * len(sentences)
-    report = ProgressReport(len(sentences), "decoding", progress_every_seconds, progress_stream)
+    order = sorted(range(len(sources)), key=lambda i: len(sources[i]))
+    outputs = [None] * len(sources)
+    report = ProgressReport(len(sources), "decoding", progress_every_seconds, progress_stream)
     started = time.monotonic()
     for start in range(0, len(order), batch_size):
         indices = order[start : start + batch_size]
-        batch = tokenizer([sentences[i] for i in indices], return_tensors="pt", padding=True).to(model.device)
+        chunk = [sources[i] for i in indices]
+        if isinstance(chunk[0], str):
+            batch = tokenizer(chunk, return_tensors="pt", padding=True)
+        else:
+            batch = tokenizer.pad({"input_ids": [list(ids) for ids in chunk]}, return_tensors="pt")
         with torch.autocast(device_type=model.device.type, dtype=torch.bfloat16, enabled=bf16):
-            generated = model.generate(**batch, **generate_kwargs)
+            generated = model.generate(**batch.to(model.device), **generate_kwargs)
         for index, text in zip(
             indices, tokenizer.batch_decode(generated, skip_special_tokens=True), strict=True
         ):
             outputs[index] = text
         done = start + len(indices)
         rate = done / max(time.monotonic() - started, 1e-9)
-        report.update(done, f"{done}/{len(sentences)} sentences, {rate:.1f} sentences/s")
+        report.update(done, f"{done}/{len(sources)} sentences, {rate:.1f} sentences/s")
     report.close()
     return outputs
 
@@ -180,16 +239,28 @@ def check_aligned(hypotheses: list[str], references: list[str], name: str = "hyp
         raise ValueError(f"{name} has {len(hypotheses)} lines but the references have {len(references)}")
 
 
-def score_translations(hypotheses: list[str], references: list[str]) -> dict:
-    """sacreBLEU BLEU (13a) and chrF++ with their signatures."""
-    check_aligned(hypotheses, references)
+def corpus_score(metric, hypotheses: list[str], references: list[str], name: str = "hypotheses"):
+    """`metric` (a sacreBLEU BLEU or CHRF) of line-aligned hypotheses against one reference each: the one
+    place a corpus is scored (`score_translations` for the reported scores, `ngram_sweep` for its orders)."""
+    check_aligned(hypotheses, references, name)
+    return metric.corpus_score(hypotheses, [references])
+
+
+def score_translations(hypotheses: list[str], references: list[str], *, lengths: bool = False) -> dict:
+    """sacreBLEU BLEU (13a) and chrF++ with their signatures; with `lengths`, also BLEU's hypothesis and
+    reference lengths in tokens (`hyp_len`, `ref_len`: sacreBLEU's sys_len and ref_len, which set the brevity
+    penalty)."""
     bleu, chrf = BLEU(), CHRF(word_order=2)
-    return {
-        "bleu": round(bleu.corpus_score(hypotheses, [references]).score, 2),
-        "chrf++": round(chrf.corpus_score(hypotheses, [references]).score, 2),
+    bleu_score = corpus_score(bleu, hypotheses, references)
+    scores = {
+        "bleu": round(bleu_score.score, 2),
+        "chrf++": round(corpus_score(chrf, hypotheses, references).score, 2),
         "bleu_signature": str(bleu.get_signature()),
         "chrf++_signature": str(chrf.get_signature()),
     }
+    if lengths:
+        scores.update(hyp_len=bleu_score.sys_len, ref_len=bleu_score.ref_len)
+    return scores
 
 
 def paired_bootstrap(
@@ -241,8 +312,8 @@ def ngram_sweep(
 
     def gap(metric) -> float:
         return round(
-            metric.corpus_score(system, [references]).score
-            - metric.corpus_score(baseline, [references]).score,
+            corpus_score(metric, system, references, "system").score
+            - corpus_score(metric, baseline, references, "baseline").score,
             3,
         )
 
@@ -260,8 +331,11 @@ def plot_ngram_sweep(sweep: dict, path, title: str = "system − baseline") -> N
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    labels = {"chrf_char": "chrF, character n-gram order", "chrf_word": "chrF, word n-gram order",
-              "bleu": "BLEU, max n-gram order"}  # fmt: skip
+    labels = {
+        "chrf_char": "chrF, character n-gram order",
+        "chrf_word": "chrF, word n-gram order",
+        "bleu": "BLEU, max n-gram order",
+    }
     figure, axes = plt.subplots(1, 3, figsize=(13, 3.6))
     for axis, (key, label) in zip(axes, labels.items(), strict=True):
         orders, gaps = zip(*sweep[key], strict=True)
@@ -284,6 +358,8 @@ def load_translation_model(folder, trust_remote_code: bool = False):
         raise FileNotFoundError(f"model folder {folder} does not exist")
     if not (folder / "config.json").is_file():
         raise ValueError(f"{folder} has no config.json: it is not a saved model")
+    if not any((folder / name).is_file() for name in WEIGHT_FILES):
+        raise ValueError(f"{folder} has no weights: none of {', '.join(WEIGHT_FILES)} is there")
     if not any((folder / name).is_file() for name in ("tokenizer.json", "tokenizer_config.json")):
         raise ValueError(
             f"{folder} has no tokenizer (tokenizer.json); save the tokenizer beside the model, as train.py does"
