@@ -34,6 +34,14 @@ class RunArguments:
     recipe: str = field(default=DEFAULT_RECIPE, metadata={"help": "a recipe name or a path to a YAML recipe"})
     description: str = field(default="", metadata={"help": "what the recipe is (set by recipes)"})
     minutes: float = field(default=0.0, metadata={"help": "wall-clock training budget in minutes (0: none)"})
+    schedule: Literal["fixed", "budget"] = field(
+        default="fixed",
+        metadata={
+            "help": "budget: with --minutes, plan warm-up and linear decay for the updates the measured speed "
+            "allows (pipeline/schedule.py); --lr_scheduler_type, --warmup_steps or --max_steps on the command "
+            "line keep the Trainer's fixed schedule"
+        },
+    )
     precision: Literal["auto", "bf16", "fp16", "fp32"] = field(
         default="auto",
         metadata={"help": "auto: bf16 on CUDA where supported; on CPU only if measured faster"},
@@ -141,6 +149,13 @@ class Arguments:
     model: ModelArguments
     training: Seq2SeqTrainingArguments
     given: frozenset = frozenset()  # the flags the command line or the recipe set
+    flags: frozenset = frozenset()  # the flags the command line set
+
+    @property
+    def planned_schedule(self) -> bool:
+        """The learning-rate schedule is planned for the time budget (`schedule.BudgetSchedule`)."""
+        fixed = {"lr_scheduler_type", "warmup_steps", "max_steps"} & self.flags
+        return self.run.schedule == "budget" and bool(self.run.minutes) and not fixed
 
     @property
     def checkpoints_dir(self) -> Path:
@@ -228,7 +243,8 @@ def parse_args(argv=None) -> Arguments:
     if unknown:
         parser.error(f"recipe {recipe_name} has unknown keys {unknown}; allowed: {', '.join(sorted(known))}")
     recipe_overrides = recipe.pop("config_overrides")
-    given = frozenset(set(recipe) | given_flags(argv))
+    flags = frozenset(given_flags(argv))
+    given = frozenset(set(recipe) | flags)
     if given & set(PRECISION_FIELDS):
         flags = " ".join(f"--{name}" for name in sorted(given & set(PRECISION_FIELDS)))
         parser.error(f"set the precision with --precision (auto, bf16, fp16, fp32), not {flags}")
@@ -237,7 +253,7 @@ def parse_args(argv=None) -> Arguments:
         run, data, model, training = parser.parse_args_into_dataclasses(argv, look_for_args_file=False)
     except ValueError as error:  # the Trainer's own checks of its fields
         parser.error(str(error))
-    args = Arguments(run, data, model, training, given)
+    args = Arguments(run, data, model, training, given, flags)
     try:
         check_arguments(args, recipe_overrides)
     except ValueError as error:

@@ -57,6 +57,7 @@ from .hardware import (
 )
 from .model_card import MULTI30K_NOTE, write_model_card
 from .progress import TrainingProgressCallback, UpdateBudgetCheck
+from .schedule import BudgetSchedule, SchedulePlan
 from .tokenization import train_joint_bpe
 from .training import (
     TimeBudgetCallback,
@@ -254,6 +255,7 @@ class TrainingReport:
     budget: dict
     resumed_from: str | None = None  # the checkpoint this attempt continued
     updates_this_attempt: int = 0
+    schedule_plan: dict | None = None  # the learning-rate plan for the time budget, where one was made
 
 
 # What shapes the training trajectory: a resumed run must repeat these (the budget may change).
@@ -393,6 +395,12 @@ def train(args: Arguments, model, data: PreparedData, precision) -> tuple[Transl
             len(sampler),
             100 * sampler.padding_ratio(),
         )
+    time_budget = TimeBudgetCallback(args.run.minutes) if args.run.minutes else None
+    plan = SchedulePlan(max(1, round(training.warmup_steps))) if args.planned_schedule else None
+    if plan is not None:
+        logger.info(
+            "learning rate: planned for the %g-minute budget once the speed is measured", args.run.minutes
+        )
     trainer = TranslationTrainer(
         model=model,
         args=training,
@@ -400,10 +408,13 @@ def train(args: Arguments, model, data: PreparedData, precision) -> tuple[Transl
         eval_dataset=data.valid,
         data_collator=DataCollatorForSeq2Seq(data.tokenizer, model=model, label_pad_token_id=-100),
         processing_class=data.tokenizer,
-        callbacks=[TimeBudgetCallback(args.run.minutes)] if args.run.minutes else [],
+        callbacks=[time_budget] if time_budget else [],
         compute_metrics=translation_metrics(data.tokenizer) if args.run.eval_bleu else None,
         max_tokens=max_tokens,
+        lr_plan=plan,
     )
+    if plan is not None:  # after the time budget's callback, whose clock it reads
+        trainer.add_callback(BudgetSchedule(plan, args.run.minutes, lambda: time_budget.spent_seconds))
     trainer.remove_callback(ProgressCallback)
     trainer.add_callback(TrainingProgressCallback(lambda: trainer.target_tokens, args.run.minutes or None))
     check = None
@@ -429,6 +440,7 @@ def train(args: Arguments, model, data: PreparedData, precision) -> tuple[Transl
         check.estimate if check else None,
         resume and Path(resume).name,
         steps - first_step,
+        plan.as_dict() if plan is not None else None,
     )
     return trainer, report
 
@@ -538,6 +550,7 @@ def run_record(
         "matmul_peak_flops": peak,
         "mfu": round(flops_per_token * report.tokens_per_second / peak, 4),
         "budget_check": report.budget,
+        "schedule_plan": report.schedule_plan,
     }
 
 
@@ -551,7 +564,6 @@ def export(args: Arguments, model, data: PreparedData, evaluation: Evaluation, r
         if uses_tokens
         else f"{training.per_device_train_batch_size} sentences"
     )
-    schedule = getattr(training.lr_scheduler_type, "value", training.lr_scheduler_type)
     averaged = f", average of {', '.join(evaluation.averaged)}" if evaluation.averaged else ""
     multi30k = "multi30k" in args.run.recipe and not args.data.train_source
     card = dict(
@@ -566,8 +578,8 @@ def export(args: Arguments, model, data: PreparedData, evaluation: Evaluation, r
         if multi30k
         else f"Training data: {data.train_text.name} ({len(data.train_text)} pairs). Test: {data.test.name}.",
         training=f"recipe `{args.run.recipe}`: {updates_text(record)}, {record['precision']}, {batching} per batch x "
-        f"{training.gradient_accumulation_steps}, lr {training.learning_rate} {schedule} (warm-up "
-        f"{training.warmup_steps}), label smoothing {training.label_smoothing_factor}{averaged}",
+        f"{training.gradient_accumulation_steps}, lr {training.learning_rate} {schedule_text(record, training)}, "
+        f"label smoothing {training.label_smoothing_factor}{averaged}",
         hardware=f"{record['hardware']['line']}; {record['training_target_tokens_per_second']:.0f} target tokens/s, "
         f"MFU {100 * record['mfu']:.1f}% of the measured {record['precision']} matmul peak",
         warning=f"\n**Warning: degenerate output.** {' '.join(evaluation.degenerate)}\n"
@@ -589,6 +601,21 @@ def export(args: Arguments, model, data: PreparedData, evaluation: Evaluation, r
     if training.push_to_hub:
         push_to_hub(output_dir, training, commit_message="hf_posenc training run")
     return output_dir
+
+
+def schedule_text(record: dict, training) -> str:
+    """The schedule the run used: the plan for its time budget, or the Trainer's fixed one."""
+    plan = record.get("schedule_plan")
+    if plan and plan["end"]:
+        replans = f", re-planned {plan['replans']} times as the speed changed" if plan["replans"] else ""
+        return (
+            f"planned for the time budget (warm-up {plan['warmup_steps']}, linear decay to {plan['floor']:g} x "
+            f"at update {plan['end']}{replans})"
+        )
+    if plan:
+        return f"linear warm-up over {plan['warmup_steps']} (the budget ended before the speed was measured)"
+    schedule = getattr(training.lr_scheduler_type, "value", training.lr_scheduler_type)
+    return f"{schedule} (warm-up {training.warmup_steps})"
 
 
 def updates_text(record: dict) -> str:

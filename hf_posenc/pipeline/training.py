@@ -1,7 +1,8 @@
 """Training glue around `Seq2SeqTrainer`: what the HF stack lacks for NMT recipes.
 
 * `TranslationTrainer`: the Trainer with token-budget batches (`max_tokens`) instead of a fixed number of
-  sentences, through its `get_train_dataloader` hook, and a count of the target tokens it trained on;
+  sentences, through its `get_train_dataloader` hook, a count of the target tokens it trained on, and the
+  learning-rate schedule planned for a time budget (`schedule.SchedulePlan`) where one is given;
 * `TimeBudgetCallback`: stops training after a wall-clock budget, counted across resumes;
 * `tokenize_parallel`: tokenised pairs with their lengths, over-long pairs rejected;
 * `translation_metrics`: BLEU and chrF++ of generated validation translations for `compute_metrics`;
@@ -12,6 +13,7 @@ import time
 
 import datasets
 import torch
+from torch.optim.lr_scheduler import LambdaLR
 from torch.utils.data import DataLoader
 from transformers import Seq2SeqTrainer, TrainerCallback
 from transformers.trainer_callback import ExportableState
@@ -50,10 +52,18 @@ class TranslationTrainer(Seq2SeqTrainer):
     """`Seq2SeqTrainer` whose training batches hold at most `max_tokens` padded tokens (None: the Trainer's own
     batches of `per_device_train_batch_size` sentences), counting the target tokens it trains on."""
 
-    def __init__(self, *args, max_tokens: int | None, **kwargs):
+    def __init__(self, *args, max_tokens: int | None, lr_plan=None, **kwargs):
         super().__init__(*args, **kwargs)
         self.max_tokens = max_tokens
+        self.lr_plan = lr_plan
         self.target_tokens = 0  # label tokens trained on in this process since it started
+
+    def create_scheduler(self, num_training_steps: int, optimizer=None):
+        if self.lr_plan is None or self.lr_scheduler is not None:
+            return super().create_scheduler(num_training_steps, optimizer)
+        # the plan is a callable object: LambdaLR saves its attributes with the scheduler's state
+        self.lr_scheduler = LambdaLR(optimizer or self.optimizer, self.lr_plan)
+        return self.lr_scheduler
 
     def get_train_dataloader(self) -> DataLoader:
         if self.max_tokens is None:
