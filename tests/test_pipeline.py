@@ -16,16 +16,13 @@ import pytest
 import torch
 from conftest import REPO, tiny_model
 from safetensors.torch import load_file
-
-sys.path.insert(0, str(REPO / "train_scripts"))  # until these two scripts are thin over the library
-import average_checkpoints  # noqa: E402
-import evaluate_translation  # noqa: E402
 from trainer_probe import build_trainer  # noqa: E402
 
 from hf_posenc.pipeline import arguments, run
 from hf_posenc.pipeline.averaging import average_state_dicts, select_checkpoints  # noqa: E402
 from hf_posenc.pipeline.data import parallel_from_translation_dataset, read_lines  # noqa: E402
 from hf_posenc.pipeline.evaluation import ngram_sweep, paired_bootstrap, plot_ngram_sweep  # noqa: E402
+from hf_posenc.pipeline.tools import average_main, evaluate_main
 
 PROBE = REPO / "tests" / "trainer_probe.py"
 
@@ -173,7 +170,7 @@ def test_average_checkpoints_script_writes_a_loadable_folder(tmp_path, multi30k_
     for seed, step in enumerate(losses):
         models[step] = save_checkpoint(checkpoints, seed, step, losses)
         tokenizer.save_pretrained(checkpoints / f"checkpoint-{step}")
-    average_checkpoints.main([str(checkpoints), "--last", "2", "--output_dir", str(tmp_path / "avg")])
+    average_main([str(checkpoints), "--last", "2", "--output_dir", str(tmp_path / "avg")])
     loaded = AutoModelForSeq2SeqLM.from_pretrained(tmp_path / "avg")
     name = "model.decoder.layers.1.fc2.weight"
     torch.testing.assert_close(
@@ -226,12 +223,12 @@ def test_evaluate_translation_script_decodes_scores_and_compares(multi30k_dir, t
     lines = read_lines(reference)
     (tmp_path / "baseline.hyp").write_text("\n".join(" ".join(line.split()[::-1]) for line in lines) + "\n")
     (tmp_path / "good.hyp").write_text("\n".join(lines) + "\n")
-    report = evaluate_translation.main([str(folder), "--source", str(source), "--reference", str(reference),
+    report = evaluate_main([str(folder), "--source", str(source), "--reference", str(reference),
                                         "--hypotheses", str(tmp_path / "good.hyp"), "--baseline_hypotheses",
                                         str(tmp_path / "baseline.hyp"), "--ngram_sweep", "--bootstrap_samples", "100"])  # fmt: skip
     assert report["scores"]["bleu"] == 100.0 and report["paired_bootstrap"]["bleu"]["significance"] == "**"
     assert (folder / "ngram_sweep.png").is_file() and json.loads((folder / "evaluation.json").read_text())
-    decoded = evaluate_translation.main([str(folder), "--source", str(source), "--reference", str(reference),
+    decoded = evaluate_main([str(folder), "--source", str(source), "--reference", str(reference),
                                          "--num_beams", "1", "--output", str(tmp_path / "decoded.json")])  # fmt: skip
     assert len((folder / "evaluation.hyp").read_text().splitlines()) == 1000
     assert "nrefs:1|case:mixed|eff:no|tok:13a" in decoded["scores"]["bleu_signature"]

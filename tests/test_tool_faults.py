@@ -10,17 +10,15 @@ import sys
 
 import pytest
 import torch
-from conftest import REPO, tiny_model
+from conftest import tiny_model
 
 from hf_posenc.analysis import length_generalisation, word_order_probe
+from hf_posenc.pipeline import tools
 from hf_posenc.pipeline.averaging import write_whole
 from hf_posenc.pipeline.cli import run_cli
 from hf_posenc.pipeline.evaluation import translate
 from hf_posenc.pipeline.tokenization import train_joint_bpe
-
-sys.path.insert(0, str(REPO / "train_scripts"))
-import average_checkpoints  # noqa: E402
-import evaluate_translation  # noqa: E402
+from hf_posenc.pipeline.tools import average_main, evaluate_main
 
 SOURCES = ["a dog runs", "a man sits", "two dogs run on the grass", "a woman reads", "children play"]
 REFERENCES = ["ein hund läuft", "ein mann sitzt", "zwei hunde laufen", "eine frau liest", "kinder spielen"]
@@ -195,7 +193,7 @@ def test_average_checkpoints_refuses_without_touching_a_file(
     prepare(tmp_path)
     before = snapshot(tmp_path)
     paths = {"c": tmp_path / "ckpts", "t": tmp_path}
-    code, message = run_tool(average_checkpoints.main, argv.format(**paths).split(), monkeypatch, capsys)
+    code, message = run_tool(average_main, argv.format(**paths).split(), monkeypatch, capsys)
     assert_refused(code, message, [word.format(**paths) for word in words])
     assert snapshot(tmp_path) == before  # no checkpoint, run or folder changed or added
 
@@ -216,7 +214,7 @@ def test_overwriting_a_finished_run_replaces_the_whole_folder(tokenizer, tmp_pat
     finished_run(tmp_path / "run")
     argv = [tmp_path / "ckpts", "--last", "2", "--output_dir", tmp_path / "run", "--overwrite_output_dir"]
     monkeypatch.setattr(sys, "argv", ["average_checkpoints.py", *map(str, argv)])
-    run_cli(average_checkpoints.main)
+    run_cli(average_main)
     written = {path.name for path in (tmp_path / "run").iterdir()}
     assert not written & {"scores.json", "README.md", "test.hyp.de"}
     assert {"model.safetensors", "config.json", "tokenizer.json"} <= written
@@ -298,13 +296,13 @@ def test_evaluate_translation_refuses_before_decoding(
     def no_work(*args, **kwargs):
         raise AssertionError("the tool started its work before refusing the input")
 
-    monkeypatch.setattr(evaluate_translation, "translate", no_work)
+    monkeypatch.setattr(tools, "translate", no_work)
     if "--model" not in flags:  # a missing or broken model folder is found out by looking at it
-        monkeypatch.setattr(evaluate_translation, "load_translation_model", no_work)
+        monkeypatch.setattr(tools, "load_translation_model", no_work)
     paths = {"t": texts, **broken_models}
     test_set = ["--source", texts / "test.en", "--reference", texts / "test.de"]
     argv = command_line(flags, paths, model_dir, *test_set)
-    code, message = run_tool(evaluate_translation.main, argv, monkeypatch, capsys)
+    code, message = run_tool(evaluate_main, argv, monkeypatch, capsys)
     assert_refused(code, message, [word.format(**paths) for word in words])
     assert not (model_dir / "evaluation.json").exists()
 

@@ -1,0 +1,237 @@
+"""The two small commands: checkpoint averaging (`hf-posenc-average`, train_scripts/average_checkpoints.py) and
+scoring a saved model on a test set (`hf-posenc-evaluate`, train_scripts/evaluate_translation.py)."""
+
+import argparse
+import json
+from pathlib import Path
+
+import torch
+from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
+
+from .averaging import (
+    average_into,
+    check_one_model,
+    check_output_dir,
+    select_checkpoints,
+    tokenizer_fingerprint,
+    write_whole,
+)
+from .data import read_lines, read_parallel
+from .evaluation import (
+    check_aligned,
+    check_number,
+    load_translation_model,
+    ngram_sweep,
+    paired_bootstrap,
+    plot_ngram_sweep,
+    score_translations,
+    translate,
+)
+from .hardware import choose_precision, describe_hardware
+
+AVERAGE_HELP = """Average Trainer checkpoints into a normal model folder.
+
+    hf-posenc-average RUN-checkpoints --last 5 --output_dir outputs/avg
+    hf-posenc-average RUN-checkpoints --best 5 --output_dir outputs/avg
+
+`--last N`: the last N checkpoints (paper 1). `--best N`: the checkpoint with the lowest validation
+perplexity and the N-1 after it (paper 2). The folder gets the averaged weights plus the config, model
+code, generation config and tokenizer of the newest checkpoint, and nothing else.
+
+The output folder must be new (or empty) unless `--overwrite_output_dir` is given; then it is replaced whole.
+It is written beside its final place and renamed into it, so it never holds a mixture of old and new files.
+It may not be one of the checkpoints, lie inside the checkpoints folder or hold it. Checkpoints of different
+configs or tokenizers are refused. All of this is checked before a tensor is read.
+"""
+
+EVALUATE_HELP = """Translate a test set with a saved model and score it; optionally compare against a baseline system.
+
+    hf-posenc-evaluate outputs/run --source test.en.gz --reference test.de.gz
+    hf-posenc-evaluate outputs/run --source ... --reference ... \\
+        --baseline_hypotheses outputs/baseline/test.hyp.de --ngram_sweep
+
+Decodes with the model's saved generation config (beam 4, length penalty 0.6, source length + 50) unless
+--num_beams / --length_penalty are given, in `--precision` (auto: bf16 autocast where a probe measures it
+faster than fp32 on this machine, or on a GPU that supports it); `--hypotheses FILE` scores existing
+translations instead.
+Writes `<model>/evaluation.json` (BLEU, chrF++, signatures; paired bootstrap resampling against the
+baseline with paper-1 significance marks; the n-gram sweep of paper 1 Fig. 4) and, with --ngram_sweep,
+`<model>/ngram_sweep.png`.
+
+Every flag, file and folder is checked before decoding: counts (--batch_size, --num_beams, --threads,
+--bootstrap_samples) must be at least 1, --length_penalty a finite number; the model folder, the text files
+and the folder of --output must exist, and the baseline must have as many lines as the references.
+"""
+
+
+def average_into_folder(checkpoints_dir, output_dir, last=None, best=None, overwrite=False):
+    chosen = select_checkpoints(checkpoints_dir, last=last, best=best)
+    output = check_output_dir(output_dir, checkpoints_dir, chosen, overwrite=overwrite)
+    if not tokenizer_fingerprint(chosen[-1]):
+        raise FileNotFoundError(
+            f"{chosen[-1]} holds no tokenizer (tokenizer.json): the averaged folder takes the newest "
+            "checkpoint's tokenizer"
+        )
+    check_one_model(chosen)
+    model = AutoModelForSeq2SeqLM.from_pretrained(chosen[-1])
+    average_into(model, chosen)
+    with write_whole(output) as folder:
+        model.save_pretrained(folder)
+        AutoTokenizer.from_pretrained(chosen[-1]).save_pretrained(folder)
+    return chosen
+
+
+def average_main(argv=None):
+    parser = argparse.ArgumentParser(
+        description=AVERAGE_HELP, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("checkpoints_dir", help="the folder of checkpoint-<step> folders (RUN-checkpoints)")
+    group = parser.add_mutually_exclusive_group(required=True)
+    group.add_argument("--last", type=int, help="average the last N checkpoints")
+    group.add_argument("--best", type=int, help="the best-perplexity checkpoint and the N-1 after it")
+    parser.add_argument("--output_dir", required=True, help="a new folder for the averaged model")
+    parser.add_argument(
+        "--overwrite_output_dir",
+        action="store_true",
+        help="replace an --output_dir that already holds files (the whole folder: nothing old stays)",
+    )
+    args = parser.parse_args(argv)
+    flag = "--last" if args.last is not None else "--best"
+    try:
+        check_number(flag, args.last if args.last is not None else args.best, minimum=1, integer=True)
+    except ValueError as error:
+        parser.error(str(error))
+    chosen = average_into_folder(
+        args.checkpoints_dir,
+        args.output_dir,
+        last=args.last,
+        best=args.best,
+        overwrite=args.overwrite_output_dir,
+    )
+    print(f"averaged {', '.join(p.name for p in chosen)} -> {args.output_dir}")
+
+
+def check_flags(parser, args) -> None:
+    """Refuse, through the parser (exit 2), a flag whose value alone is wrong or that cannot apply."""
+    counts = ("bootstrap_samples", "num_beams", "batch_size", "threads")
+    try:
+        for flag in counts:
+            if getattr(args, flag) is not None:
+                check_number(f"--{flag}", getattr(args, flag), minimum=1, integer=True)
+        if args.length_penalty is not None:
+            check_number(
+                "--length_penalty",
+                args.length_penalty,
+                hint="allowed: any finite number (> 0 favours longer translations, < 0 shorter); "
+                "without the flag, the model's saved value",
+            )
+    except ValueError as error:
+        parser.error(str(error))
+    if args.ngram_sweep and not args.baseline_hypotheses:
+        parser.error("--ngram_sweep compares two systems: give --baseline_hypotheses")
+    given = [f"--{flag}" for flag in ("num_beams", "length_penalty") if getattr(args, flag) is not None]
+    if args.hypotheses and given:
+        parser.error(
+            f"{', '.join(given)} set decoding, but --hypotheses scores translations without decoding"
+        )
+
+
+def evaluate_main(argv=None):
+    parser = argparse.ArgumentParser(
+        description=EVALUATE_HELP, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("model", help="a model folder written by train.py (or any MarianPosEnc folder)")
+    parser.add_argument("--source", required=True)
+    parser.add_argument("--reference", required=True)
+    parser.add_argument("--hypotheses", default=None, help="score these translations instead of decoding")
+    parser.add_argument(
+        "--baseline_hypotheses", default=None, help="baseline system for the paired bootstrap"
+    )
+    parser.add_argument("--bootstrap_samples", type=int, default=1000)
+    parser.add_argument("--ngram_sweep", action="store_true", help="paper 1 Fig. 4 (needs a baseline)")
+    parser.add_argument("--num_beams", type=int, default=None, help="default: the model's generation config")
+    parser.add_argument(
+        "--length_penalty",
+        type=float,
+        default=None,
+        help="any finite number (> 0 favours longer translations); default: the model's generation config",
+    )
+    parser.add_argument("--batch_size", type=int, default=64)
+    parser.add_argument(
+        "--precision",
+        choices=["auto", "bf16", "fp32"],
+        default="auto",
+        help="decoding precision; auto: bf16 where measured faster than fp32 here",
+    )
+    parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--output", default=None, help="JSON path (default <model>/evaluation.json)")
+    args = parser.parse_args(argv)
+    check_flags(parser, args)
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
+
+    model_dir = Path(args.model)
+    if not model_dir.is_dir():
+        raise FileNotFoundError(f"model folder {model_dir} does not exist")
+    output = Path(args.output or model_dir / "evaluation.json")
+    if not output.parent.is_dir():
+        raise FileNotFoundError(f"--output {output}: its folder {output.parent} does not exist")
+    if output.is_dir():
+        raise IsADirectoryError(f"--output {output} is a folder; give the path of the JSON file to write")
+    test = read_parallel(args.source, args.reference)
+    if args.baseline_hypotheses:
+        baseline = read_lines(args.baseline_hypotheses)
+        check_aligned(baseline, test.target, f"--baseline_hypotheses {args.baseline_hypotheses}")
+    decoding = {}  # how the hypotheses were decoded, when this script decoded them
+    if args.hypotheses:
+        hypotheses = read_lines(args.hypotheses)
+        check_aligned(hypotheses, test.target, f"--hypotheses {args.hypotheses}")
+    else:
+        model, tokenizer = load_translation_model(model_dir)
+        overrides = {
+            k: v
+            for k, v in (("num_beams", args.num_beams), ("length_penalty", args.length_penalty))
+            if v is not None
+        }
+        beams = args.num_beams or model.generation_config.num_beams or 1
+        precision = choose_precision(
+            args.precision,
+            model.device,
+            model.config.d_model,
+            model.config.decoder_ffn_dim,
+            args.batch_size * beams,
+        )
+        print(f"decoding in {precision.line()}")
+        decoding = {"precision": precision.as_dict(), "hardware": describe_hardware(model.device).as_dict()}
+        hypotheses = translate(
+            model,
+            tokenizer,
+            test.source,
+            batch_size=args.batch_size,
+            bf16=precision.precision == "bf16",
+            **overrides,
+        )
+        (model_dir / "evaluation.hyp").write_text("\n".join(hypotheses) + "\n")
+    report = {"test_set": test.name, "scores": score_translations(hypotheses, test.target), **decoding}
+    if args.baseline_hypotheses:
+        report["paired_bootstrap"] = paired_bootstrap(
+            baseline, hypotheses, test.target, args.bootstrap_samples
+        )
+        report["baseline"] = args.baseline_hypotheses
+    if args.ngram_sweep:
+        report["ngram_sweep"] = ngram_sweep(hypotheses, baseline, test.target)
+        plot_ngram_sweep(
+            report["ngram_sweep"], model_dir / "ngram_sweep.png", title=f"{model_dir.name} − baseline"
+        )
+    output.write_text(json.dumps(report, indent=2) + "\n")
+
+    scores = report["scores"]
+    print(f"BLEU    {scores['bleu']:6.2f}  {scores['bleu_signature']}")
+    print(f"chrF++  {scores['chrf++']:6.2f}  {scores['chrf++_signature']}")
+    for metric, result in report.get("paired_bootstrap", {}).items():
+        print(
+            f"{metric}: baseline {result['baseline']} vs system {result['system']}{result['significance']} "
+            f"(p = {result['p_value']}, 95% CI ±{result['system_95ci']})"
+        )
+    print(f"wrote {output}")
+    return report
