@@ -10,8 +10,7 @@
 (prepare -> build -> train -> evaluate -> export) and `hf_posenc/pipeline/arguments.py` (flags, recipes, checks).
 """
 
-from hf_posenc.pipeline.cli import run_cli
-from hf_posenc.pipeline.run import main
+from hf_posenc.pipeline.run import cli
 
 if __name__ == "__main__":
-    run_cli(main)
+    cli()

@@ -38,6 +38,7 @@ from .arguments import Arguments, model_config, parse_args
 from .augmentation import concatenate_consecutive
 from .averaging import RUN_SPECIFIC_CONFIG_KEYS, average_into, list_checkpoints, select_checkpoints
 from .batching import TokenBudgetBatchSampler
+from .cli import run_cli
 from .data import ParallelText, read_hf_translation, read_parallel, read_split
 from .evaluation import degenerate_output, encoder_token_cosine, score_translations, translate
 from .export import (
@@ -677,3 +678,8 @@ def main(argv=None) -> dict | None:
         print("\nDEGENERATE OUTPUT (exit 3): " + " ".join(evaluation.degenerate), file=sys.stderr)
         raise SystemExit(3)
     return record
+
+
+def cli() -> None:
+    """The `hf-posenc-train` command."""
+    run_cli(main)

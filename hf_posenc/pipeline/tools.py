@@ -16,6 +16,7 @@ from .averaging import (
     tokenizer_fingerprint,
     write_whole,
 )
+from .cli import run_cli
 from .data import read_lines, read_parallel
 from .evaluation import (
     check_aligned,
@@ -235,3 +236,13 @@ def evaluate_main(argv=None):
         )
     print(f"wrote {output}")
     return report
+
+
+def average_cli() -> None:
+    """The `hf-posenc-average` command."""
+    run_cli(average_main)
+
+
+def evaluate_cli() -> None:
+    """The `hf-posenc-evaluate` command."""
+    run_cli(evaluate_main)
