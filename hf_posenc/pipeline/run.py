@@ -56,7 +56,7 @@ from .hardware import (
     matmul_peak_flops,
     model_flops_per_target_token,
 )
-from .model_card import MULTI30K_NOTE, write_model_card
+from .model_card import dataset_of, write_model_card
 from .progress import TrainingProgressCallback, UpdateBudgetCheck
 from .schedule import BudgetSchedule, SchedulePlan
 from .tokenization import train_joint_bpe
@@ -566,18 +566,29 @@ def export(args: Arguments, model, data: PreparedData, evaluation: Evaluation, r
         else f"{training.per_device_train_batch_size} sentences"
     )
     averaged = f", average of {', '.join(evaluation.averaged)}" if evaluation.averaged else ""
-    multi30k = "multi30k" in args.run.recipe and not args.data.train_source
+    test_split = (
+        args.data.test_split
+        if args.data.test_source is None
+        else Path(args.data.test_source).name.removesuffix(".gz").rsplit(".", 1)[0]
+    )
+    # the data's name: the `datasets` id, or the folder the files are in (multi30k for the shipped data)
+    folder = Path(args.data.train_source).parent if args.data.train_source else Path(args.data.data_dir)
+    dataset = dataset_of(
+        args.data.hf_dataset or folder.name,
+        args.data.source_lang,
+        args.data.target_lang,
+        data.train_text.name,
+    )
     card = dict(
         model_name=output_dir.name,
         source_lang=args.data.source_lang,
         target_lang=args.data.target_lang,
         parameters=f"{record['parameters'] / 1e6:.2f}M",
         repo_or_folder=training.hub_model_id or str(output_dir),
-        dataset=args.data.hf_dataset or Path(args.data.data_dir).name,
-        test_split=Path(data.test.name.split(" / ")[0]).name,
-        data_note=MULTI30K_NOTE
-        if multi30k
-        else f"Training data: {data.train_text.name} ({len(data.train_text)} pairs). Test: {data.test.name}.",
+        test_split=test_split,
+        longest_training=max(data.train["length"]),
+        data_note=f"Training: {data.train_text.name}, {len(data.train_text):,} pairs. Test: {data.test.name}, "
+        f"{len(data.test):,} pairs scored.",
         training=f"recipe `{args.run.recipe}`: {updates_text(record)}, {record['precision']}, {batching} per batch x "
         f"{training.gradient_accumulation_steps}, lr {training.learning_rate} {schedule_text(record, training)}, "
         f"label smoothing {training.label_smoothing_factor}{averaged}",
@@ -593,7 +604,7 @@ def export(args: Arguments, model, data: PreparedData, evaluation: Evaluation, r
         data.tokenizer.save_pretrained(folder)
         (folder / "scores.json").write_text(json.dumps(record, indent=2) + "\n")
         (folder / f"test.hyp.{args.data.target_lang}").write_text("\n".join(evaluation.hypotheses) + "\n")
-        write_model_card(folder, model, record, **card)
+        write_model_card(folder, model, record, dataset, **card)
 
     write_run_folder(output_dir, write)
     remove_set_aside(args.checkpoints_dir)
