@@ -11,7 +11,7 @@ import torch
 from conftest import DATA_DIR, source_batch, tiny_model
 
 from hf_posenc import MarianPosEncConfig
-from hf_posenc.pipeline import arguments, run
+from hf_posenc.pipeline import arguments, resume, run
 from hf_posenc.pipeline.averaging import average_state_dicts, select_checkpoints
 from hf_posenc.pipeline.data import read_lines
 from hf_posenc.pipeline.evaluation import load_translation_model, paired_bootstrap
@@ -216,7 +216,7 @@ def test_resuming_last_skips_a_half_written_checkpoint(tmp_path, caplog):
     checkpoints = tmp_path / "run-checkpoints"
     (checkpoints / "checkpoint-2" / "trainer_state.json").unlink()  # cut off while being written
     args = arguments.parse_args([*flags, "--max_steps", "4", "--resume_from_checkpoint", "last"])
-    assert run.resume_checkpoint(args) == str(checkpoints / "checkpoint-1")
+    assert resume.resume_checkpoint(args) == str(checkpoints / "checkpoint-1")
     assert "checkpoint-2 is incomplete (no trainer_state.json): trying the one before" in caplog.text
     scores = run.main([*flags, "--max_steps", "4", "--resume_from_checkpoint", "last"])
     # the record says which updates this attempt made, not "4 updates in <this attempt's minutes>"
@@ -266,10 +266,10 @@ def test_a_checkpoint_with_truncated_weights_is_named_and_skipped(tmp_path, capl
     weights = tmp_path / "run-checkpoints" / "checkpoint-2" / "model.safetensors"
     weights.write_bytes(weights.read_bytes()[:64])
     args = arguments.parse_args([*flags, "--max_steps", "4", "--resume_from_checkpoint", "last"])
-    assert run.resume_checkpoint(args).endswith("checkpoint-1")
+    assert resume.resume_checkpoint(args).endswith("checkpoint-1")
     assert "checkpoint-2/model.safetensors cannot be read" in caplog.text
     explicit = arguments.parse_args(
         [*flags, "--max_steps", "4", "--resume_from_checkpoint", str(weights.parent)]
     )
     with pytest.raises(ValueError, match="checkpoint-2/model.safetensors cannot be read"):
-        run.resume_checkpoint(explicit)
+        resume.resume_checkpoint(explicit)

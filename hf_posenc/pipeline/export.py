@@ -9,10 +9,13 @@ and the Hub upload.
   one rename, and only then is the old run removed. A run that fails leaves the old one where it was.
 - The run folder is written into `<run>.partial` and renamed into place, so a folder under the run's name is
   always complete; a failed write (a full disk) removes the partial folder and names it.
+- `export` (the last stage of a run) writes the Hub folder: weights, config + model code, tokenizer, generation
+  config, model card, scores.json and the test translations.
 - The upload honours every Hub field the Trainer defines (token, private, revision); a private repository
   that exists as a public one is refused before anything is uploaded.
 """
 
+import json
 import logging
 import os
 import shutil
@@ -20,6 +23,8 @@ import tempfile
 from pathlib import Path
 
 from safetensors import SafetensorError
+
+from .model_card import dataset_of, write_model_card
 
 logger = logging.getLogger(__name__)
 
@@ -160,3 +165,88 @@ def push_to_hub(folder: Path, training, commit_message: str) -> str:
     )
     logger.info("uploaded %s to %s", folder, getattr(commit, "commit_url", repo_id))
     return getattr(commit, "commit_url", repo_id)
+
+
+def export(args, model, data, evaluation, record: dict) -> Path:
+    """The Hub folder, written whole into place (`write_run_folder`); then the dry-run copy and the upload."""
+    output_dir = Path(args.training.output_dir)
+    training = args.training
+    uses_tokens = args.data.max_tokens and args.model.architecture == "marian_posenc"
+    batching = (
+        f"{args.data.max_tokens} tokens"
+        if uses_tokens
+        else f"{training.per_device_train_batch_size} sentences"
+    )
+    averaged = f", average of {', '.join(evaluation.averaged)}" if evaluation.averaged else ""
+    test_split = (
+        args.data.test_split
+        if args.data.test_source is None
+        else Path(args.data.test_source).name.removesuffix(".gz").rsplit(".", 1)[0]
+    )
+    # the data's name: the `datasets` id, or the folder the files are in (multi30k for the shipped data)
+    folder = Path(args.data.train_source).parent if args.data.train_source else Path(args.data.data_dir)
+    dataset = dataset_of(
+        args.data.hf_dataset or folder.name,
+        args.data.source_lang,
+        args.data.target_lang,
+        data.train_text.name,
+    )
+    card = dict(
+        model_name=output_dir.name,
+        source_lang=args.data.source_lang,
+        target_lang=args.data.target_lang,
+        parameters=f"{record['parameters'] / 1e6:.2f}M",
+        repo_or_folder=training.hub_model_id or str(output_dir),
+        test_split=test_split,
+        longest_training=max(data.train["length"]),
+        data_note=f"Training: {data.train_text.name}, {len(data.train_text):,} pairs. Test: {data.test.name}, "
+        f"{len(data.test):,} pairs scored.",
+        training=f"recipe `{args.run.recipe}`: {updates_text(record)}, {record['precision']}, {batching} per batch x "
+        f"{training.gradient_accumulation_steps}, lr {training.learning_rate} {schedule_text(record, training)}, "
+        f"label smoothing {training.label_smoothing_factor}{averaged}",
+        hardware=f"{record['hardware']['line']}; {record['training_target_tokens_per_second']:.0f} target tokens/s, "
+        f"MFU {100 * record['mfu']:.1f}% of the measured {record['precision']} matmul peak",
+        warning=f"\n**Warning: degenerate output.** {' '.join(evaluation.degenerate)}\n"
+        if evaluation.degenerate
+        else "",
+    )
+
+    def write(folder: Path) -> None:
+        model.save_pretrained(folder)
+        data.tokenizer.save_pretrained(folder)
+        (folder / "scores.json").write_text(json.dumps(record, indent=2) + "\n")
+        (folder / f"test.hyp.{args.data.target_lang}").write_text("\n".join(evaluation.hypotheses) + "\n")
+        write_model_card(folder, model, record, dataset, **card)
+
+    write_run_folder(output_dir, write)
+    remove_set_aside(args.checkpoints_dir)
+    if args.run.hub_dry_run:
+        copy_dry_run(output_dir, Path(args.run.hub_dry_run))
+    if training.push_to_hub:
+        push_to_hub(output_dir, training, commit_message="hf_posenc training run")
+    return output_dir
+
+
+def schedule_text(record: dict, training) -> str:
+    """The schedule the run used: the plan for its time budget, or the Trainer's fixed one."""
+    plan = record.get("schedule_plan")
+    if plan and plan["end"]:
+        replans = f", re-planned {plan['replans']} times as the speed changed" if plan["replans"] else ""
+        return (
+            f"planned for the time budget (warm-up {plan['warmup_steps']}, linear decay to {plan['floor']:g} x "
+            f"at update {plan['end']}{replans})"
+        )
+    if plan:
+        return f"linear warm-up over {plan['warmup_steps']} (the budget ended before the speed was measured)"
+    schedule = getattr(training.lr_scheduler_type, "value", training.lr_scheduler_type)
+    return f"{schedule} (warm-up {training.warmup_steps})"
+
+
+def updates_text(record: dict) -> str:
+    """'1003 updates in 16.0 min', or for a resumed run how many of them this attempt made, and in what time."""
+    if record["resumed_from"]:
+        return (
+            f"{record['steps']} updates ({record['updates_this_attempt']} of them in this attempt's "
+            f"{record['train_minutes']:.1f} min, resumed from {record['resumed_from']})"
+        )
+    return f"{record['steps']} updates in {record['train_minutes']:.1f} min"

@@ -23,7 +23,6 @@ from pathlib import Path
 
 import torch
 import transformers
-from safetensors import SafetensorError, safe_open
 from transformers import DataCollatorForSeq2Seq, MarianConfig, MarianMTModel
 from transformers.trainer_callback import ProgressCallback
 
@@ -36,19 +35,12 @@ from ..modeling_marian_posenc import (
 )
 from .arguments import Arguments, model_config, parse_args
 from .augmentation import concatenate_consecutive
-from .averaging import RUN_SPECIFIC_CONFIG_KEYS, average_into, list_checkpoints, select_checkpoints
+from .averaging import average_into, list_checkpoints, select_checkpoints
 from .batching import TokenBudgetBatchSampler
 from .cli import run_cli
 from .data import ParallelText, read_hf_translation, read_parallel, read_split
 from .evaluation import degenerate_output, encoder_token_cosine, score_translations, translate
-from .export import (
-    check_output_folders,
-    copy_dry_run,
-    push_to_hub,
-    remove_set_aside,
-    set_aside_checkpoints,
-    write_run_folder,
-)
+from .export import check_output_folders, export, set_aside_checkpoints, updates_text
 from .hardware import (
     choose_attention_backend,
     choose_precision,
@@ -56,8 +48,8 @@ from .hardware import (
     matmul_peak_flops,
     model_flops_per_target_token,
 )
-from .model_card import dataset_of, write_model_card
 from .progress import TrainingProgressCallback, UpdateBudgetCheck
+from .resume import check_resume_settings, resume_checkpoint
 from .schedule import BudgetSchedule, SchedulePlan
 from .tokenization import train_joint_bpe
 from .training import (
@@ -69,7 +61,6 @@ from .training import (
 )
 
 logger = logging.getLogger("train")
-SETTINGS_FILE = "run_settings.json"  # in the checkpoint folder: what a resumed run must repeat
 
 
 @dataclass
@@ -259,113 +250,6 @@ class TrainingReport:
     schedule_plan: dict | None = None  # the learning-rate plan for the time budget, where one was made
 
 
-# What shapes the training trajectory: a resumed run must repeat these (the budget may change).
-RESUMED_TRAINING_FIELDS = (
-    "learning_rate",
-    "lr_scheduler_type",
-    "lr_scheduler_kwargs",
-    "warmup_steps",
-    "weight_decay",
-    "adam_beta1",
-    "adam_beta2",
-    "adam_epsilon",
-    "max_grad_norm",
-    "label_smoothing_factor",
-    "gradient_accumulation_steps",
-    "per_device_train_batch_size",
-    "seed",
-    "optim",
-)
-RESUMED_DATA_FIELDS = (
-    "train_source",
-    "train_target",
-    "hf_dataset",
-    "hf_config",
-    "data_dir",
-    "train_split",
-    "source_lang",
-    "target_lang",
-    "train_limit",
-    "vocab_size",
-    "max_length",
-    "max_train_length",
-    "concat_probability",
-    "concat_group_sizes",
-    "max_tokens",
-)
-
-
-def run_settings(args: Arguments, model) -> dict:
-    """The settings that a resumed run must share with the run it continues (JSON-comparable)."""
-    training = {name: getattr(args.training, name) for name in RESUMED_TRAINING_FIELDS}
-    config = {k: v for k, v in model.config.to_dict().items() if k not in RUN_SPECIFIC_CONFIG_KEYS}
-    settings = {
-        "training": training,
-        "data": {name: getattr(args.data, name) for name in RESUMED_DATA_FIELDS},
-        "model": config,
-    }
-    return json.loads(json.dumps(settings, default=lambda value: getattr(value, "value", str(value))))
-
-
-def check_resume_settings(args: Arguments, model, resume: str | None) -> None:
-    """A fresh run records its settings; a resumed one must have the same: another learning rate, schedule,
-    data or architecture would be ignored by the restored optimizer and scheduler, or fail deep inside them."""
-    path = args.checkpoints_dir / SETTINGS_FILE
-    settings = run_settings(args, model)
-    if resume is None:
-        args.checkpoints_dir.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(settings, indent=2) + "\n")
-        return
-    if not path.is_file():
-        logger.warning("%s is missing: cannot check that this run repeats the settings it resumes", path)
-        return
-    saved = json.loads(path.read_text())
-    differing = [
-        f"{name}={settings[group].get(name)!r} (the run resumed: {saved[group].get(name)!r})"
-        for group in settings
-        for name in sorted(settings[group].keys() | saved.get(group, {}).keys())
-        if settings[group].get(name) != saved.get(group, {}).get(name)
-    ]
-    if differing:
-        raise ValueError(
-            f"--resume_from_checkpoint: this run's settings differ from those of the run in {args.checkpoints_dir}: "
-            f"{'; '.join(differing)}. Resume with the same settings, or start a new run (another --output_dir)"
-        )
-
-
-def resume_checkpoint(args: Arguments) -> str | None:
-    """The checkpoint to resume from: a folder (checked), or for "last" the newest complete one. The Trainer
-    writes trainer_state.json last, so a checkpoint without it, or whose weights cannot be read, was cut off
-    while being written: it is skipped, and the log says so."""
-    resume = args.training.resume_from_checkpoint
-    if resume is None:
-        return None
-    if resume != "last":
-        problem = checkpoint_problem(Path(resume))
-        if problem:
-            raise ValueError(f"--resume_from_checkpoint {resume}: {problem}")
-        return resume
-    checkpoints = sorted(args.checkpoints_dir.glob("checkpoint-*"), key=lambda p: int(p.name.split("-")[-1]))
-    for checkpoint in reversed(checkpoints):
-        problem = checkpoint_problem(checkpoint)
-        if not problem:
-            return str(checkpoint)
-        logger.warning("%s is incomplete (%s): trying the one before", checkpoint, problem)
-    raise ValueError(f"--resume_from_checkpoint last: no complete checkpoint in {args.checkpoints_dir}")
-
-
-def checkpoint_problem(checkpoint: Path) -> str | None:
-    """Why a Trainer checkpoint cannot be resumed from, or None."""
-    if not (checkpoint / "trainer_state.json").is_file():
-        return "no trainer_state.json"
-    try:
-        with safe_open(checkpoint / "model.safetensors", "pt") as weights:
-            weights.keys()
-    except (OSError, SafetensorError) as error:
-        return f"{checkpoint / 'model.safetensors'} cannot be read: {error}"
-    return None
-
-
 def train(args: Arguments, model, data: PreparedData, precision) -> tuple[TranslationTrainer, TrainingReport]:
     """`Seq2SeqTrainer` run with token-budget batches, the time budget, progress and a budget check."""
     resume = resume_checkpoint(args)
@@ -553,91 +437,6 @@ def run_record(
         "budget_check": report.budget,
         "schedule_plan": report.schedule_plan,
     }
-
-
-def export(args: Arguments, model, data: PreparedData, evaluation: Evaluation, record: dict) -> Path:
-    """The Hub folder, written whole into place (`write_run_folder`); then the dry-run copy and the upload."""
-    output_dir = Path(args.training.output_dir)
-    training = args.training
-    uses_tokens = args.data.max_tokens and args.model.architecture == "marian_posenc"
-    batching = (
-        f"{args.data.max_tokens} tokens"
-        if uses_tokens
-        else f"{training.per_device_train_batch_size} sentences"
-    )
-    averaged = f", average of {', '.join(evaluation.averaged)}" if evaluation.averaged else ""
-    test_split = (
-        args.data.test_split
-        if args.data.test_source is None
-        else Path(args.data.test_source).name.removesuffix(".gz").rsplit(".", 1)[0]
-    )
-    # the data's name: the `datasets` id, or the folder the files are in (multi30k for the shipped data)
-    folder = Path(args.data.train_source).parent if args.data.train_source else Path(args.data.data_dir)
-    dataset = dataset_of(
-        args.data.hf_dataset or folder.name,
-        args.data.source_lang,
-        args.data.target_lang,
-        data.train_text.name,
-    )
-    card = dict(
-        model_name=output_dir.name,
-        source_lang=args.data.source_lang,
-        target_lang=args.data.target_lang,
-        parameters=f"{record['parameters'] / 1e6:.2f}M",
-        repo_or_folder=training.hub_model_id or str(output_dir),
-        test_split=test_split,
-        longest_training=max(data.train["length"]),
-        data_note=f"Training: {data.train_text.name}, {len(data.train_text):,} pairs. Test: {data.test.name}, "
-        f"{len(data.test):,} pairs scored.",
-        training=f"recipe `{args.run.recipe}`: {updates_text(record)}, {record['precision']}, {batching} per batch x "
-        f"{training.gradient_accumulation_steps}, lr {training.learning_rate} {schedule_text(record, training)}, "
-        f"label smoothing {training.label_smoothing_factor}{averaged}",
-        hardware=f"{record['hardware']['line']}; {record['training_target_tokens_per_second']:.0f} target tokens/s, "
-        f"MFU {100 * record['mfu']:.1f}% of the measured {record['precision']} matmul peak",
-        warning=f"\n**Warning: degenerate output.** {' '.join(evaluation.degenerate)}\n"
-        if evaluation.degenerate
-        else "",
-    )
-
-    def write(folder: Path) -> None:
-        model.save_pretrained(folder)
-        data.tokenizer.save_pretrained(folder)
-        (folder / "scores.json").write_text(json.dumps(record, indent=2) + "\n")
-        (folder / f"test.hyp.{args.data.target_lang}").write_text("\n".join(evaluation.hypotheses) + "\n")
-        write_model_card(folder, model, record, dataset, **card)
-
-    write_run_folder(output_dir, write)
-    remove_set_aside(args.checkpoints_dir)
-    if args.run.hub_dry_run:
-        copy_dry_run(output_dir, Path(args.run.hub_dry_run))
-    if training.push_to_hub:
-        push_to_hub(output_dir, training, commit_message="hf_posenc training run")
-    return output_dir
-
-
-def schedule_text(record: dict, training) -> str:
-    """The schedule the run used: the plan for its time budget, or the Trainer's fixed one."""
-    plan = record.get("schedule_plan")
-    if plan and plan["end"]:
-        replans = f", re-planned {plan['replans']} times as the speed changed" if plan["replans"] else ""
-        return (
-            f"planned for the time budget (warm-up {plan['warmup_steps']}, linear decay to {plan['floor']:g} x "
-            f"at update {plan['end']}{replans})"
-        )
-    if plan:
-        return f"linear warm-up over {plan['warmup_steps']} (the budget ended before the speed was measured)"
-    schedule = getattr(training.lr_scheduler_type, "value", training.lr_scheduler_type)
-    return f"{schedule} (warm-up {training.warmup_steps})"
-
-
-def updates_text(record: dict) -> str:
-    """'1003 updates in 16.0 min', or for a resumed run how many of them this attempt made, and in what time."""
-    if record["resumed_from"]:
-        return (
-            f"{record['steps']} updates ({record['updates_this_attempt']} of them in this attempt's "
-            f"{record['train_minutes']:.1f} min, resumed from {record['resumed_from']})"
-        )
-    return f"{record['steps']} updates in {record['train_minutes']:.1f} min"
 
 
 def print_summary(

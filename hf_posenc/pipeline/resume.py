@@ -1,0 +1,127 @@
+"""Resuming a run: which checkpoint, and whether this run may continue it.
+
+`--resume_from_checkpoint last` takes the newest complete checkpoint (the Trainer writes trainer_state.json
+last, so one without it, or with unreadable weights, was cut off while being written and is skipped). A fresh
+run records the settings that shape its trajectory in the checkpoint folder (`run_settings.json`); a resumed
+run must repeat them: another learning rate, schedule, data or architecture would be ignored by the restored
+optimizer and scheduler, or fail deep inside them.
+"""
+
+import json
+import logging
+from pathlib import Path
+
+from safetensors import SafetensorError, safe_open
+
+from .arguments import Arguments
+from .averaging import RUN_SPECIFIC_CONFIG_KEYS
+
+logger = logging.getLogger("train")
+SETTINGS_FILE = "run_settings.json"  # in the checkpoint folder: what a resumed run must repeat
+
+
+# What shapes the training trajectory: a resumed run must repeat these (the budget may change).
+RESUMED_TRAINING_FIELDS = (
+    "learning_rate",
+    "lr_scheduler_type",
+    "lr_scheduler_kwargs",
+    "warmup_steps",
+    "weight_decay",
+    "adam_beta1",
+    "adam_beta2",
+    "adam_epsilon",
+    "max_grad_norm",
+    "label_smoothing_factor",
+    "gradient_accumulation_steps",
+    "per_device_train_batch_size",
+    "seed",
+    "optim",
+)
+RESUMED_DATA_FIELDS = (
+    "train_source",
+    "train_target",
+    "hf_dataset",
+    "hf_config",
+    "data_dir",
+    "train_split",
+    "source_lang",
+    "target_lang",
+    "train_limit",
+    "vocab_size",
+    "max_length",
+    "max_train_length",
+    "concat_probability",
+    "concat_group_sizes",
+    "max_tokens",
+)
+
+
+def run_settings(args: Arguments, model) -> dict:
+    """The settings that a resumed run must share with the run it continues (JSON-comparable)."""
+    training = {name: getattr(args.training, name) for name in RESUMED_TRAINING_FIELDS}
+    config = {k: v for k, v in model.config.to_dict().items() if k not in RUN_SPECIFIC_CONFIG_KEYS}
+    settings = {
+        "training": training,
+        "data": {name: getattr(args.data, name) for name in RESUMED_DATA_FIELDS},
+        "model": config,
+    }
+    return json.loads(json.dumps(settings, default=lambda value: getattr(value, "value", str(value))))
+
+
+def check_resume_settings(args: Arguments, model, resume: str | None) -> None:
+    """A fresh run records its settings; a resumed one must have the same: another learning rate, schedule,
+    data or architecture would be ignored by the restored optimizer and scheduler, or fail deep inside them."""
+    path = args.checkpoints_dir / SETTINGS_FILE
+    settings = run_settings(args, model)
+    if resume is None:
+        args.checkpoints_dir.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(settings, indent=2) + "\n")
+        return
+    if not path.is_file():
+        logger.warning("%s is missing: cannot check that this run repeats the settings it resumes", path)
+        return
+    saved = json.loads(path.read_text())
+    differing = [
+        f"{name}={settings[group].get(name)!r} (the run resumed: {saved[group].get(name)!r})"
+        for group in settings
+        for name in sorted(settings[group].keys() | saved.get(group, {}).keys())
+        if settings[group].get(name) != saved.get(group, {}).get(name)
+    ]
+    if differing:
+        raise ValueError(
+            f"--resume_from_checkpoint: this run's settings differ from those of the run in {args.checkpoints_dir}: "
+            f"{'; '.join(differing)}. Resume with the same settings, or start a new run (another --output_dir)"
+        )
+
+
+def resume_checkpoint(args: Arguments) -> str | None:
+    """The checkpoint to resume from: a folder (checked), or for "last" the newest complete one. The Trainer
+    writes trainer_state.json last, so a checkpoint without it, or whose weights cannot be read, was cut off
+    while being written: it is skipped, and the log says so."""
+    resume = args.training.resume_from_checkpoint
+    if resume is None:
+        return None
+    if resume != "last":
+        problem = checkpoint_problem(Path(resume))
+        if problem:
+            raise ValueError(f"--resume_from_checkpoint {resume}: {problem}")
+        return resume
+    checkpoints = sorted(args.checkpoints_dir.glob("checkpoint-*"), key=lambda p: int(p.name.split("-")[-1]))
+    for checkpoint in reversed(checkpoints):
+        problem = checkpoint_problem(checkpoint)
+        if not problem:
+            return str(checkpoint)
+        logger.warning("%s is incomplete (%s): trying the one before", checkpoint, problem)
+    raise ValueError(f"--resume_from_checkpoint last: no complete checkpoint in {args.checkpoints_dir}")
+
+
+def checkpoint_problem(checkpoint: Path) -> str | None:
+    """Why a Trainer checkpoint cannot be resumed from, or None."""
+    if not (checkpoint / "trainer_state.json").is_file():
+        return "no trainer_state.json"
+    try:
+        with safe_open(checkpoint / "model.safetensors", "pt") as weights:
+            weights.keys()
+    except (OSError, SafetensorError) as error:
+        return f"{checkpoint / 'model.safetensors'} cannot be read: {error}"
+    return None
