@@ -20,7 +20,21 @@ $(VENV)/.installed: pyproject.toml
 	$(PY) -m pip install -e '.[dev]'
 	touch $@
 
-install: $(VENV)/.installed
+# transformers' own common model tests (ModelTesterMixin, tests/test_modeling_common.py) ship in its source
+# distribution, not in the wheel: fetch the sdist of the installed version from PyPI and keep its tests/
+# (tests/test_transformers_model_tests.py runs them against our models), plus what those files import.
+TRANSFORMERS_SRC := .transformers-src
+$(TRANSFORMERS_SRC)/.unpacked: $(VENV)/.installed
+	rm -rf $(TRANSFORMERS_SRC) && mkdir -p $(TRANSFORMERS_SRC)
+	version=$$($(PY) -c "import transformers; print(transformers.__version__)") && \
+	$(PY) -m pip download --no-deps --no-binary :all: --dest $(TRANSFORMERS_SRC) "transformers==$$version" && \
+	tar -xzf $(TRANSFORMERS_SRC)/transformers-$$version.tar.gz -C $(TRANSFORMERS_SRC) --strip-components=1 \
+		transformers-$$version/tests && \
+	rm $(TRANSFORMERS_SRC)/transformers-$$version.tar.gz && echo $$version > $(TRANSFORMERS_SRC)/VERSION
+	$(PY) -m pip install 'parameterized>=0.9'
+	touch $@
+
+install: $(VENV)/.installed $(TRANSFORMERS_SRC)/.unpacked
 
 ## Train + evaluate on the shipped Multi30k, write a Hub-ready folder (MODULE=learned MINUTES=16 RECIPE=... OUTPUT=...)
 train: install
@@ -55,4 +69,4 @@ bench: install
 
 ## Regenerate the tables docs/ derives from the code (recipes, module hyperparameters)
 docs: install
-	$(PY) train_scripts/reference_tables.py
+	$(PY) -m hf_posenc.pipeline.reference_tables

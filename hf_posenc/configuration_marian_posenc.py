@@ -13,9 +13,15 @@ import difflib
 
 from huggingface_hub.dataclasses import strict
 from transformers import GenerationConfig, MarianConfig
+from transformers.utils import logging
 
 from .base import ATTENTION_SITES, STACKS, Hyperparameter
 from .registry import POSITION_ENCODINGS, TOKEN_MIXERS
+
+logger = logging.get_logger(__name__)
+SPECIAL_TOKEN_FIELDS = (
+    "pad_token_id", "bos_token_id", "eos_token_id", "forced_eos_token_id", "decoder_start_token_id",
+)  # fmt: skip
 
 
 def module_hyperparameters() -> dict[str, Hyperparameter]:
@@ -36,6 +42,12 @@ ACCEPTED_EXTRA_KEYS = {
     "attn_implementation", "experts_implementation", "_commit_hash", "num_labels",
     *GenerationConfig._get_default_generation_params(),
 }  # fmt: skip
+
+
+def closest_field(name: str, fields) -> str:
+    """' (did you mean 'x'?)' for the field closest to `name`, or ''."""
+    hint = difflib.get_close_matches(name, fields, n=1)
+    return f" (did you mean {hint[0]!r}?)" if hint else ""
 
 
 def check_choice(field: str, value, allowed) -> None:
@@ -103,13 +115,9 @@ class MarianPosEncConfig(MarianConfig, ModuleHyperparameters):
         unknown = sorted(set(kwargs) - ACCEPTED_EXTRA_KEYS - {"position_encoding"})
         if unknown:
             fields = [f.name for f in dataclasses.fields(self)]
-            hints = {name: difflib.get_close_matches(name, fields, n=1) for name in unknown}
             raise ValueError(
                 "unknown MarianPosEncConfig fields: "
-                + ", ".join(
-                    f"{name!r}" + (f" (did you mean {hint[0]!r}?)" if hint else "")
-                    for name, hint in hints.items()
-                )
+                + ", ".join(f"{name!r}{closest_field(name, fields)}" for name in unknown)
                 + "; fields are Marian's, the module choices and the module hyperparameters (docs/architecture.md)."
             )
         shorthand = kwargs.pop("position_encoding", None)
@@ -124,8 +132,35 @@ class MarianPosEncConfig(MarianConfig, ModuleHyperparameters):
         self.check_choices()
         super().__post_init__(**kwargs)
 
+    @classmethod
+    def from_dict(cls, config_dict: dict, **kwargs):
+        """`PreTrainedConfig.from_dict`, keeping the keys of a saved config that are not fields as attributes.
+
+        The constructor refuses unknown names, so that typos in what a user passes fail early; a config.json
+        may legitimately hold attributes set on a config after construction (transformers' own tests set
+        `layer_norm_eps`, user code sets its own), and `save_pretrained` writes them: loading what was saved
+        must not fail. A key close to a field's name is probably a typo in a hand-edited file: a warning names
+        it.
+        """
+        fields = {field.name for field in dataclasses.fields(cls)}
+        extra = {
+            key: value
+            for key, value in config_dict.items()
+            if key not in fields and key not in ACCEPTED_EXTRA_KEYS and key != "position_encoding"
+        }
+        loaded = super().from_dict({k: v for k, v in config_dict.items() if k not in extra}, **kwargs)
+        config = loaded[0] if isinstance(loaded, tuple) else loaded  # (config, unused kwargs) on request
+        for key, value in extra.items():
+            setattr(config, key, value)
+            if hint := closest_field(key, fields):
+                logger.warning(
+                    "config key %r is not a MarianPosEncConfig field%s; kept as an attribute.", key, hint
+                )
+        return loaded
+
     def check_choices(self) -> None:
-        """Raise a ValueError naming the bad value and the allowed ones (runs before any model is built)."""
+        """Raise a ValueError naming the bad value and the allowed ones. Runs when the config is built and again
+        when a model is built from it (fields may have been set in between)."""
         for name in ("vocab_size", "d_model", "max_position_embeddings", "encoder_layers", "decoder_layers",
                      "encoder_ffn_dim", "decoder_ffn_dim"):  # fmt: skip
             if getattr(self, name) <= 0:
@@ -139,6 +174,19 @@ class MarianPosEncConfig(MarianConfig, ModuleHyperparameters):
                 raise ValueError(
                     f"d_model={self.d_model} must be divisible by {stack}_attention_heads={heads}."
                 )
+        for name in SPECIAL_TOKEN_FIELDS:
+            ids = getattr(self, name, None)
+            for token_id in ids if isinstance(ids, list) else [ids]:
+                if token_id is not None and not 0 <= token_id < self.vocab_size:
+                    raise ValueError(
+                        f"{name}={ids} is outside the vocabulary: token ids are 0..{self.vocab_size - 1} "
+                        f"(vocab_size={self.vocab_size})."
+                    )
+        if not self.share_encoder_decoder_embeddings:
+            raise ValueError(
+                "share_encoder_decoder_embeddings=False is not supported: MarianPosEnc models share one token "
+                "embedding table between encoder, decoder and output layer (allowed: True)."
+            )
         if self.shape_max_shift < 0:
             raise ValueError(f"shape_max_shift={self.shape_max_shift} must be >= 0 (0 turns SHAPE off).")
         for name, hyperparameter in module_hyperparameters().items():

@@ -15,7 +15,7 @@ from torch import nn
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from .base import VASWANI, Hyperparameter, PositionContext, TokenMixer, additive_mask, causal_mask
-from .mixer_base import GeluGating, cache_for_site
+from .mixer_base import GeluGating, cached_cross_attention_states, update_site_cache
 
 
 def eager_attention(module, query, key, value, attention_mask, scaling, dropout=0.0, **kwargs):
@@ -91,19 +91,15 @@ class ContentAttention(TokenMixer):
         query = self.project(self.q_proj, hidden_states, encoding)
         query = query.view(query_shape).transpose(1, 2)  # (B, H, q, Dh)
 
-        cache = cache_for_site(past_key_values, self.is_cross_attention)
-        if self.is_cross_attention and cache is not None and past_key_values.is_updated.get(self.layer_idx):
-            key = cache.layers[self.layer_idx].keys  # encoder K/V computed at the first decoding step
-            value = cache.layers[self.layer_idx].values
+        cached = cached_cross_attention_states(self, past_key_values)
+        if cached is not None:
+            key, value = cached
         else:
             states = key_value_states if self.is_cross_attention else hidden_states
             key, value = self.project_keys_values(states, context)
             if encoding is not None:
                 query, key = encoding.rotate_queries_keys(self.layer_idx, query, key, context)
-            if cache is not None:
-                key, value = cache.update(key, value, self.layer_idx)
-                if self.is_cross_attention:
-                    past_key_values.is_updated[self.layer_idx] = True
+            key, value = update_site_cache(self, past_key_values, key, value)
 
         dropout = self.dropout if self.training else 0.0
         if encoding is not None and encoding.has_custom_attention:

@@ -1,5 +1,5 @@
-"""What token mixers share beyond the `TokenMixer` interface: the gating of paper 2 (Eq. 4), the cache half
-of an attention site, and `PositionMixer`, the base of every mixer whose weights come from positions only.
+"""What token mixers share beyond the `TokenMixer` interface: the gating of paper 2 (Eq. 4), the cache of an
+attention site, and `PositionMixer`, the base of every mixer whose weights come from positions only.
 
 `PositionMixer` subclasses (aPosNet, rPosNet, FourierNet, GaussianNet, LinearNet, gLinearNet, LightConv):
 values are projected (and gated-normalised) once, cached like content attention's values, mixed with weights
@@ -8,7 +8,6 @@ values are projected (and gated-normalised) once, cached like content attention'
 
 import torch
 from torch import nn
-from transformers.cache_utils import EncoderDecoderCache
 
 from .base import (
     PositionContext,
@@ -46,17 +45,30 @@ class GeluGating(nn.Module):
         return context * nn.functional.gelu(self.gate_proj(queries))  # (B, q, D)
 
 
-def cache_for_site(past_key_values, is_cross_attention: bool):
-    """The self- or cross-attention half of the model's cache (None when not caching)."""
+def cached_cross_attention_states(mixer: TokenMixer, past_key_values):
+    """The (keys, values) a cross-attention site stored at the first decoding step (computed from the encoder
+    output once per sequence), or None: not cached yet, not caching, or a self-attention site."""
+    if (
+        mixer.is_cross_attention
+        and past_key_values is not None
+        and past_key_values.is_updated.get(mixer.layer_idx)
+    ):
+        layer = past_key_values.cross_attention_cache.layers[mixer.layer_idx]
+        return layer.keys, layer.values
+    return None
+
+
+def update_site_cache(mixer: TokenMixer, past_key_values, key, value):
+    """Store a site's new keys and values, (B, H, k_new, Dh) each, in its half of the model's `PosEncCache`
+    (marking a cross-attention layer as filled) and return all of the site's keys and values; without a cache,
+    the new ones."""
     if past_key_values is None:
-        return None
-    if isinstance(past_key_values, EncoderDecoderCache):
-        return (
-            past_key_values.cross_attention_cache
-            if is_cross_attention
-            else past_key_values.self_attention_cache
-        )
-    return past_key_values
+        return key, value
+    if not mixer.is_cross_attention:
+        return past_key_values.self_attention_cache.update(key, value, mixer.layer_idx)
+    key, value = past_key_values.cross_attention_cache.update(key, value, mixer.layer_idx)
+    past_key_values.is_updated[mixer.layer_idx] = True
+    return key, value
 
 
 def allowed_keys(attention_mask, context: PositionContext, is_causal: bool) -> torch.Tensor | None:
@@ -100,17 +112,13 @@ class ValueMixer(TokenMixer):
         The values go into the cache as both keys and values: the decoder reads the number of cached positions
         from the self-attention cache.
         """
-        cache = cache_for_site(past_key_values, self.is_cross_attention)
-        if self.is_cross_attention and cache is not None and past_key_values.is_updated.get(self.layer_idx):
-            return cache.layers[self.layer_idx].values
+        cached = cached_cross_attention_states(self, past_key_values)
+        if cached is not None:
+            return cached[1]
         states = key_value_states if self.is_cross_attention else hidden_states
         value = self.project_values(states)
         value = value.view(*states.shape[:-1], self.num_heads, -1).transpose(1, 2)  # (B, H, k_new, Dh)
-        if cache is not None:
-            _, value = cache.update(value, value, self.layer_idx)
-            if self.is_cross_attention:
-                past_key_values.is_updated[self.layer_idx] = True
-        return value
+        return update_site_cache(self, past_key_values, value, value)[1]
 
     def mixing_weights_for(
         self, hidden_states, attention_mask, context: PositionContext, dtype

@@ -42,12 +42,25 @@ from .base import (
 from .mixer_base import PositionMixer
 from .posenc_absolute import marian_sinusoid_table
 
+CAUSAL_WEIGHTS = "causal_weights"
+POSITION_KEYS = "position_keys"
 
-def tensors_state(*tensors: torch.Tensor) -> tuple:
-    """What identifies the current contents of tensors, for tables derived from them: storage, version, dtype
-    and device. Tensors made under torch.inference_mode keep no version counter (changing them in place is only
-    possible inside inference mode, where a model is not trained)."""
-    return tuple((t.data_ptr(), None if t.is_inference() else t._version, t.dtype, t.device) for t in tensors)
+
+def tensors_identity(tensors) -> list[tuple]:
+    """What tells that a table's source tensors are still the same: the tensor objects (kept, so their ids are
+    not reused), their storage, dtype and device (`.to()` and `.data =` swap them under the same object)."""
+    return [(t, t.data_ptr(), t.dtype, t.device) for t in tensors]
+
+
+def same_tensors(kept: list[tuple], current: list[tuple]) -> bool:
+    if len(kept) != len(current):
+        return False
+    return all(a[0] is b[0] and a[1:] == b[1:] for a, b in zip(kept, current, strict=True))
+
+
+def forget_derived_tables(module, incompatible_keys=None) -> None:
+    """`load_state_dict` post-hook (a module-level function, so the model stays picklable)."""
+    module.derived_tables.clear()
 
 
 class PositionAttention(PositionMixer):
@@ -70,6 +83,9 @@ class PositionAttention(PositionMixer):
     def __init__(self, config, site, layer_idx):
         self.gated = config.posnet_gating
         super().__init__(config, site, layer_idx)
+        # Tables derived from parameters for decoding without gradients (`derived_table`), by name.
+        self.derived_tables: dict[str, tuple[list[tuple], torch.Tensor]] = {}
+        self.register_load_state_dict_post_hook(forget_derived_tables)
         self.scaling = self.head_dim**-0.5
         self.max_positions = config.max_position_embeddings
         self.precomputed = config.position_attention_precomputed
@@ -81,6 +97,27 @@ class PositionAttention(PositionMixer):
 
     def energy_table_shape(self) -> tuple[int, ...]:
         raise NotImplementedError
+
+    def derived_table(self, name: str, sources, build, fits=None) -> torch.Tensor:
+        """`build()`, kept under `name` while the `sources` it is computed from stay the same tensors and
+        `fits(table)` holds, so a decoding step reads rows of it instead of recomputing it.
+
+        Sources change by being replaced, cast or moved (seen by `tensors_identity`) or in place, which happens
+        in an optimizer step, `load_state_dict` or a re-initialisation. The tables are forgotten whenever a
+        forward computes with gradients to their sources (it precedes any optimizer step), on
+        `load_state_dict`, and on `train()`/`eval()`. An in-place edit outside these (`p.mul_(2)` under
+        torch.no_grad() in eval mode) is not seen: call `model.eval()` after it. (Earlier versions keyed the
+        tables on torch's private `Tensor._version`.)
+        """
+        identity = tensors_identity(sources)
+        kept = self.derived_tables.get(name)
+        if kept is None or not same_tensors(kept[0], identity) or (fits is not None and not fits(kept[1])):
+            kept = self.derived_tables[name] = (identity, build())
+        return kept[1]
+
+    def train(self, mode: bool = True):
+        forget_derived_tables(self)
+        return super().train(mode)
 
     def computed_energies(self, context: PositionContext) -> torch.Tensor:
         """Energies from the position vectors, (B|1, H, q, k) or per offset (B|1, H, q, 2K+1)."""
@@ -119,6 +156,8 @@ class PositionAttention(PositionMixer):
             columns = context.key_positions[:, None, :]  # (1, 1, k)
             table = self.causal_weight_table(context.query_span[1] + 1)  # (H, n, n)
             return table[:, rows, columns].transpose(0, 1).to(dtype)
+        if torch.is_grad_enabled():  # the energies may be stepped after this: forget what came from them
+            self.derived_tables.pop(CAUSAL_WEIGHTS, None)
         energies = self.energies_for(context).to(dtype)  # (B|1, H, q, k)
         return torch.softmax(additive_mask(attention_mask, energies, context, self.is_causal), dim=-1)
 
@@ -138,17 +177,18 @@ class PositionAttention(PositionMixer):
 
         Built for the first L positions (L a power of two ≥ `needed_rows`, at most N): row n of a causal
         softmax does not depend on the later columns, so a longer table only extends it. Rebuilt whenever the
-        energies change (loading, training, dtype or device moves), keyed on their storage and version.
+        energies change (`derived_table`).
         """
-        key = tensors_state(self.energies)
-        table = getattr(self, "cached_causal_weights", None)
-        if table is None or table[0] != key or table[1].shape[-1] < needed_rows:
+
+        def build():
             length = min(self.max_positions, max(64, 1 << (needed_rows - 1).bit_length()))
             context = self.all_positions_context(length)
             energies = self.energies_for(context)  # (1, H, L, L)
-            weights = torch.softmax(additive_mask(None, energies, context, is_causal=True), dim=-1)[0]
-            self.cached_causal_weights = table = (key, weights)
-        return table[1]
+            return torch.softmax(additive_mask(None, energies, context, is_causal=True), dim=-1)[0]
+
+        return self.derived_table(
+            CAUSAL_WEIGHTS, [self.energies], build, fits=lambda table: table.shape[-1] >= needed_rows
+        )
 
     @torch.no_grad()
     def precompute_position_attention(self) -> None:
@@ -217,10 +257,10 @@ class APosNetAttention(PositionAttention):
         attention reads its key cache, instead of projecting the whole prefix again."""
         weights = (self.k_proj.weight, self.k_proj.bias, self.position_vectors)
         if torch.is_grad_enabled() and any(w.requires_grad for w in weights):
+            self.derived_tables.pop(POSITION_KEYS, None)  # W^K may be stepped after this
             return self.k_proj(self.position_vectors[positions].to(self.k_proj.weight.dtype))
-        key = tensors_state(*weights)
-        cached = getattr(self, "cached_position_keys", None)
-        if cached is None or cached[0] != key:
+
+        def build():
             device_type = self.k_proj.weight.device.type
             full_precision = (  # the kept keys do not depend on an autocast region; meta has no autocast
                 torch.autocast(device_type, enabled=False)
@@ -228,9 +268,9 @@ class APosNetAttention(PositionAttention):
                 else contextlib.nullcontext()
             )
             with torch.no_grad(), full_precision:
-                cached = (key, self.k_proj(self.position_vectors.to(self.k_proj.weight.dtype)))  # (N, D)
-            self.cached_position_keys = cached
-        return cached[1][positions]
+                return self.k_proj(self.position_vectors.to(self.k_proj.weight.dtype))  # (N, D)
+
+        return self.derived_table(POSITION_KEYS, weights, build)[positions]
 
     def table_energies(self, context):
         rows = context.query_positions[:, :, None]  # (B|1, q, 1)

@@ -19,6 +19,7 @@ logits exactly; `from_marian` converts stock checkpoints.
 import dataclasses
 import inspect
 import math
+import os
 from pathlib import Path
 
 import torch
@@ -27,7 +28,7 @@ from torch import nn
 from transformers import GenerationMixin, PreTrainedModel
 from transformers import initialization as init
 from transformers.activations import ACT2FN
-from transformers.cache_utils import DynamicCache, EncoderDecoderCache
+from transformers.cache_utils import Cache, DynamicCache, EncoderDecoderCache
 from transformers.masking_utils import create_bidirectional_mask, create_causal_mask
 from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.modeling_outputs import (
@@ -36,7 +37,7 @@ from transformers.modeling_outputs import (
     Seq2SeqLMOutput,
     Seq2SeqModelOutput,
 )
-from transformers.utils import logging
+from transformers.utils import can_return_tuple, logging
 
 from .base import (
     CROSS_ATTENTION,
@@ -64,14 +65,30 @@ SHAPE_OFFSETS = "shape_offsets"  # the decoder's SHAPE offsets in `PosEncCache.e
 
 
 def check_token_ids(ids: torch.Tensor, vocab_size: int, name: str, ignore_index: int | None = None) -> None:
-    """Clear errors for inputs the embedding or the loss would fail on deep inside torch: no token at all, or
-    ids outside the vocabulary (`ignore_index` excepted). Reads the ids' range back to the host."""
+    """Clear errors for inputs the embedding or the loss would fail on deep inside torch (or misread): ids that
+    are not a (batch, length) integer tensor, no token at all, ids outside the vocabulary (`ignore_index`
+    excepted).
+
+    Shape and dtype are host-side metadata, checked always. The values are checked only for tensors on the CPU:
+    reading them back to the host is free there, while on an accelerator it waits for the device, once per
+    training step and once per decoding step (issue #47: no host sync per step).
+    """
+    if ids.dtype.is_floating_point or ids.dtype.is_complex or ids.dtype == torch.bool:
+        raise TypeError(f"{name} must hold integer token ids (torch.long), got dtype {ids.dtype}.")
+    if ids.ndim != 2:
+        raise ValueError(
+            f"{name} of shape {tuple(ids.shape)} must be 2-D, (batch, length)"
+            + (": add the batch dimension, ids[None]." if ids.ndim == 1 else ".")
+        )
     if ids.numel() == 0:
         raise ValueError(f"{name} of shape {tuple(ids.shape)} hold no token; every row needs at least one.")
+    if ids.device.type != "cpu":
+        return
     valid = ids if ignore_index is None else ids[ids != ignore_index]
     if valid.numel() == 0:
         raise ValueError(f"{name} are all {ignore_index} (ignored): there is no token to compute a loss on.")
-    low, high = (int(value) for value in torch.aminmax(valid))
+    low, high = torch.aminmax(valid)
+    low, high = int(low), int(high)
     if low < 0 or high >= vocab_size:
         raise ValueError(
             f"{name} hold token id {low if low < 0 else high}, outside the vocabulary 0..{vocab_size - 1}"
@@ -86,6 +103,28 @@ def shift_tokens_right(labels: torch.Tensor, pad_token_id: int, decoder_start_to
     shifted[:, 1:] = labels[:, :-1]
     shifted[:, 0] = decoder_start_token_id
     return shifted.masked_fill(shifted == -100, pad_token_id)
+
+
+def check_num_items_in_batch(num_items_in_batch, tokens: torch.Tensor) -> None:
+    """The Trainer's label-token count of the whole batch (all accumulation steps and processes) divides the
+    summed loss: it must be positive when this batch has label tokens (0 gave an infinite loss). Checked for a
+    number or a CPU tensor only: reading a device tensor back would sync every training step."""
+    on_host = not isinstance(num_items_in_batch, torch.Tensor) or num_items_in_batch.device.type == "cpu"
+    if on_host and tokens.device.type == "cpu" and not num_items_in_batch > 0:
+        raise ValueError(
+            f"num_items_in_batch={int(num_items_in_batch)} must be positive: it counts the label tokens of the "
+            f"whole batch, and this part alone holds {int(tokens)}."
+        )
+
+
+def as_posenc_cache(cache: Cache | None, config) -> PosEncCache | None:
+    """The decoder's cache as a `PosEncCache` (the one place that converts): an `EncoderDecoderCache` keeps its
+    two halves (and which cross-attention layers are filled), a lone cache becomes the self-attention half."""
+    if cache is None or isinstance(cache, PosEncCache):
+        return cache
+    if isinstance(cache, EncoderDecoderCache):
+        return PosEncCache(cache.self_attention_cache, cache.cross_attention_cache)
+    return PosEncCache(cache, DynamicCache(config=config))
 
 
 class MarianPosEncLayer(GradientCheckpointingLayer):
@@ -177,6 +216,24 @@ class MarianPosEncDecoderLayer(MarianPosEncLayer):
         return self.feed_forward(hidden_states), self_weights, cross_weights
 
 
+def could_be_hub_id(name) -> bool:
+    """Whether `name` may be a Hub model id ("name" or "owner/name") rather than only a local path."""
+    if isinstance(name, os.PathLike):
+        return False
+    return not (os.path.isabs(name) or name.startswith((".", "~")) or name.count("/") > 1 or "\\" in name)
+
+
+def differing_code_files(folder: Path, package: Path) -> list[str]:
+    """The model code files a saved folder holds (its copy of the model closure) that differ from `package`'s."""
+    return [
+        copy.name
+        for copy in sorted(folder.glob("*.py"))
+        if (ours := package / copy.name).is_file()
+        and copy.resolve() != ours.resolve()
+        and copy.read_bytes() != ours.read_bytes()
+    ]
+
+
 class MarianPosEncPreTrainedModel(PreTrainedModel):
     config_class = MarianPosEncConfig
     config: MarianPosEncConfig
@@ -185,28 +242,93 @@ class MarianPosEncPreTrainedModel(PreTrainedModel):
     _supports_sdpa = True
     _no_split_modules = ["MarianPosEncEncoderLayer", "MarianPosEncDecoderLayer"]
 
+    def __init__(self, config: MarianPosEncConfig, *args, **kwargs):
+        config.check_choices()  # again: fields may have been set since the config was built
+        super().__init__(config, *args, **kwargs)
+
     @classmethod
     def from_pretrained(cls, pretrained_model_name_or_path, *args, **kwargs):
         """`PreTrainedModel.from_pretrained`, saying which model code builds the model (the installed package's
-        classes win over a folder's own copy whenever `hf_posenc` is imported: a warning says so when that
-        copy differs) and naming the file when the weights cannot be read."""
-        folder = Path(str(pretrained_model_name_or_path))
-        ours = Path(inspect.getfile(cls))
-        copy = folder / ours.name
-        if copy.is_file() and copy.resolve() != ours.resolve() and copy.read_bytes() != ours.read_bytes():
-            logger.warning(
-                "%s carries model code that differs from %s, which builds the model; load without importing "
-                "hf_posenc (trust_remote_code=True) to use the folder's own code.",
-                copy,
-                ours,
-            )
-        logger.info("loading %s with the model code of %s", folder, ours)
+        classes win over a folder's own copy whenever `hf_posenc` is imported: a warning names the files of
+        that copy that differ), naming the folder when it does not exist or its weights cannot be read, and
+        refusing a checkpoint that lacks parameters of the model's positional modules
+        (`check_positional_parameters_loaded`)."""
+        source = pretrained_model_name_or_path  # a folder, a Hub id, or None with a `state_dict`
+        folder = Path(os.fspath(source)).expanduser() if source is not None else None
+        if folder is not None:
+            cls.check_model_folder(source, folder)
+        wants_loading_info = kwargs.pop("output_loading_info", False)
         try:
-            return super().from_pretrained(pretrained_model_name_or_path, *args, **kwargs)
+            model, loading_info = super().from_pretrained(source, *args, output_loading_info=True, **kwargs)
         except SafetensorError as error:
             raise ValueError(
                 f"the weights in {folder} cannot be read (truncated or damaged?): {error}"
             ) from None
+        except OSError as error:
+            if folder is None or folder.is_dir():
+                raise
+            raise OSError(
+                f"{source} is not a local folder ({folder.resolve()} does not exist) and could not be loaded "
+                f"as a Hub model id: {error}"
+            ) from error
+        model.check_positional_parameters_loaded(loading_info["missing_keys"], folder or "the state_dict")
+        return (model, loading_info) if wants_loading_info else model
+
+    @classmethod
+    def check_model_folder(cls, source, folder: Path) -> None:
+        """A path that cannot be a Hub id must be an existing folder; a folder's copy of the model code is
+        compared with the classes that build the model, file by file."""
+        if not folder.is_dir() and not could_be_hub_id(source):
+            raise FileNotFoundError(
+                f"no model folder at {folder}: the path does not exist or is not a folder."
+            )
+        package = Path(inspect.getfile(cls)).parent
+        if folder.is_dir() and (differing := differing_code_files(folder, package)):
+            logger.warning(
+                "%s carries model code that differs from %s (%s), which builds the model; load without "
+                "importing hf_posenc (trust_remote_code=True) to use the folder's own code.",
+                folder,
+                package,
+                ", ".join(differing),
+            )
+        logger.info("loading %s with the model code of %s", folder, package)
+
+    def check_positional_parameters_loaded(self, missing_keys, source) -> None:
+        """Raise when a checkpoint that holds this model's other parameters lacks some of its position
+        encodings' or token mixers' parameters.
+
+        That is a checkpoint of another module choice (e.g. a config.json edited to another position
+        encoding): transformers would initialise the missing tables at random and only report them. A
+        checkpoint without any of the model's parameters keeps transformers' report. Non-persistent buffers
+        (the sinusoid table) are never in a checkpoint and do not count; a folded model's tables are parameters
+        of its saved folder like any other.
+        """
+        parameters = {name for name, _ in self.named_parameters(remove_duplicate=False)}
+        missing = parameters & set(missing_keys)
+        owners = {
+            name: module
+            for name, module in self.named_modules()
+            if isinstance(module, (PositionEncoding, TokenMixer))
+        }
+        positional = {}
+        for key in sorted(missing):
+            owner = max((name for name in owners if key.startswith(name + ".")), key=len, default=None)
+            if owner is not None:
+                module = owners[owner]
+                field = (
+                    f"{module.stack}_position_encoding"
+                    if isinstance(module, PositionEncoding)
+                    else module.site
+                )
+                positional.setdefault(f"{field}={getattr(self.config, field)!r}", []).append(key)
+        if positional and missing != parameters:
+            raise ValueError(
+                f"the checkpoint in {source} lacks parameters of the model's positional modules: "
+                + "; ".join(f"{choice}: {', '.join(keys)}" for choice, keys in positional.items())
+                + ". The config asks for modules these weights were not trained with (config.json edited?) and "
+                "they would start random: restore the config the weights were saved with, or convert on purpose "
+                "(MarianPosEncForConditionalGeneration.from_marian, or load_state_dict(strict=False))."
+            )
 
     @torch.no_grad()
     def _init_weights(self, module):
@@ -235,13 +357,18 @@ class MarianPosEncPreTrainedModel(PreTrainedModel):
 
 
 class MarianPosEncStack(MarianPosEncPreTrainedModel):
-    """What encoder and decoder share: scaled token embeddings, the stack's position encoding, its layers."""
+    """What encoder and decoder share: scaled token embeddings, the stack's position encoding, its layers.
 
-    def __init__(self, config, stack: str, layer_class, num_layers: int, vocab_size: int, embed_tokens=None):
+    Each stack owns its `embed_tokens`, as Marian's do; in a model they are tied to `shared` through
+    `_tied_weights_keys` (one parameter, not one module: transformers' loading then reports a checkpoint
+    without embeddings as missing them instead of leaving them on the meta device).
+    """
+
+    def __init__(self, config, stack: str, layer_class, num_layers: int):
         super().__init__(config)
         self.dropout = config.dropout
         self.embed_scale = math.sqrt(config.d_model) if config.scale_embedding else 1.0
-        self.embed_tokens = embed_tokens or nn.Embedding(vocab_size, config.d_model, config.pad_token_id)
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.d_model, config.pad_token_id)
         self.position_encoding = POSITION_ENCODINGS[getattr(config, f"{stack}_position_encoding")](
             config, stack
         )
@@ -266,16 +393,22 @@ class MarianPosEncStack(MarianPosEncPreTrainedModel):
             return None
         return torch.randint(0, self.config.shape_max_shift + 1, (batch_size, 1), device=device)  # (B, 1)
 
+    def requested_outputs(self, output_attentions, output_hidden_states) -> tuple[bool, bool]:
+        """Whether to return attention weights and hidden states: the call's flags, else the config's."""
+        return (
+            self.config.output_attentions if output_attentions is None else output_attentions,
+            self.config.output_hidden_states if output_hidden_states is None else output_hidden_states,
+        )
+
 
 class MarianPosEncEncoder(MarianPosEncStack):
     """Token embeddings -> position encoding -> `config.encoder_layers` encoder layers."""
 
-    def __init__(self, config: MarianPosEncConfig, embed_tokens: nn.Embedding | None = None):
-        super().__init__(
-            config, ENCODER, MarianPosEncEncoderLayer, config.encoder_layers, config.vocab_size, embed_tokens
-        )
+    def __init__(self, config: MarianPosEncConfig):
+        super().__init__(config, ENCODER, MarianPosEncEncoderLayer, config.encoder_layers)
         self.post_init()
 
+    @can_return_tuple
     def forward(
         self,
         input_ids=None,
@@ -285,11 +418,17 @@ class MarianPosEncEncoder(MarianPosEncStack):
         output_hidden_states=None,
         **kwargs,
     ) -> BaseModelOutput:
+        output_attentions, output_hidden_states = self.requested_outputs(
+            output_attentions, output_hidden_states
+        )
         if (input_ids is None) == (inputs_embeds is None):
             raise ValueError("Pass exactly one of input_ids or inputs_embeds to the encoder.")
         if inputs_embeds is None:
             check_token_ids(input_ids, self.embed_tokens.num_embeddings, "input_ids")
-            inputs_embeds = self.embed_tokens(input_ids) * self.embed_scale  # (B, L, D)
+            inputs_embeds = self.embed_tokens(input_ids)
+        # Given embeddings are scaled like the ids' (as the decoder does): `get_input_embeddings()(ids)` gives
+        # the same output as the ids; stock Marian's encoder takes them already scaled.
+        inputs_embeds = inputs_embeds * self.embed_scale  # (B, L, D)
         if attention_mask is not None and attention_mask.shape != inputs_embeds.shape[:2]:
             raise ValueError(
                 f"attention_mask has shape {tuple(attention_mask.shape)}, the inputs {tuple(inputs_embeds.shape[:2])}."
@@ -329,17 +468,11 @@ class MarianPosEncEncoder(MarianPosEncStack):
 class MarianPosEncDecoder(MarianPosEncStack):
     """Token embeddings -> position encoding -> `config.decoder_layers` decoder layers, with a cache."""
 
-    def __init__(self, config: MarianPosEncConfig, embed_tokens: nn.Embedding | None = None):
-        super().__init__(
-            config,
-            DECODER,
-            MarianPosEncDecoderLayer,
-            config.decoder_layers,
-            config.decoder_vocab_size,
-            embed_tokens,
-        )
+    def __init__(self, config: MarianPosEncConfig):
+        super().__init__(config, DECODER, MarianPosEncDecoderLayer, config.decoder_layers)
         self.post_init()
 
+    @can_return_tuple
     def forward(
         self,
         input_ids=None,
@@ -353,24 +486,26 @@ class MarianPosEncDecoder(MarianPosEncStack):
         output_hidden_states=None,
         **kwargs,
     ) -> BaseModelOutputWithPastAndCrossAttentions:
+        output_attentions, output_hidden_states = self.requested_outputs(
+            output_attentions, output_hidden_states
+        )
         if (input_ids is None) == (inputs_embeds is None):
             raise ValueError("Pass exactly one of decoder_input_ids or decoder_inputs_embeds to the decoder.")
+        if encoder_hidden_states is None:
+            raise ValueError(
+                "the decoder needs encoder_hidden_states, the encoder's output (B, S, D): every decoder layer "
+                "cross-attends to it (there is no decoder-only use); call the whole model, or pass "
+                "encoder_hidden_states=model.get_encoder()(input_ids).last_hidden_state."
+            )
         if inputs_embeds is None:
-            if not use_cache:  # cached decoding feeds the model's own tokens; a check would sync every step
-                check_token_ids(input_ids, self.embed_tokens.num_embeddings, "decoder_input_ids")
+            check_token_ids(input_ids, self.embed_tokens.num_embeddings, "decoder_input_ids")
             inputs_embeds = self.embed_tokens(input_ids)
         inputs_embeds = inputs_embeds * self.embed_scale  # (B, q, D)
         batch_size, query_length = inputs_embeds.shape[:2]
         device = inputs_embeds.device
-
         if use_cache and past_key_values is None:
-            past_key_values = PosEncCache(DynamicCache(config=self.config), DynamicCache(config=self.config))
-        elif isinstance(past_key_values, EncoderDecoderCache) and not isinstance(
-            past_key_values, PosEncCache
-        ):
-            past_key_values = PosEncCache(
-                past_key_values.self_attention_cache, past_key_values.cross_attention_cache
-            )
+            past_key_values = DynamicCache(config=self.config)
+        past_key_values = as_posenc_cache(past_key_values, self.config)
 
         # Query positions come from the number of cached positions: the one place that decides them.
         past_length = past_key_values.get_seq_length() if past_key_values is not None else 0
@@ -452,13 +587,9 @@ class MarianPosEncModel(MarianPosEncPreTrainedModel):
 
     def __init__(self, config: MarianPosEncConfig):
         super().__init__(config)
-        if not config.share_encoder_decoder_embeddings:
-            raise ValueError(
-                "MarianPosEnc models share encoder and decoder embeddings; set share_encoder_decoder_embeddings=True."
-            )
         self.shared = nn.Embedding(config.vocab_size, config.d_model, config.pad_token_id)
-        self.encoder = MarianPosEncEncoder(config, self.shared)
-        self.decoder = MarianPosEncDecoder(config, self.shared)
+        self.encoder = MarianPosEncEncoder(config)
+        self.decoder = MarianPosEncDecoder(config)
         self.decoder.position_encoding.tie_to_encoder(self.encoder.position_encoding)
         self.post_init()
 
@@ -473,6 +604,7 @@ class MarianPosEncModel(MarianPosEncPreTrainedModel):
     def get_encoder(self):
         return self.encoder
 
+    @can_return_tuple
     def forward(
         self,
         input_ids=None,
@@ -499,9 +631,14 @@ class MarianPosEncModel(MarianPosEncPreTrainedModel):
                 inputs_embeds=inputs_embeds,
                 output_attentions=output_attentions,
                 output_hidden_states=output_hidden_states,
+                return_dict=True,
             )
-        elif not isinstance(encoder_outputs, BaseModelOutput):
-            encoder_outputs = BaseModelOutput(last_hidden_state=encoder_outputs[0])
+        elif not isinstance(encoder_outputs, BaseModelOutput):  # a tuple: what return_dict=False gave
+            encoder_outputs = BaseModelOutput(
+                last_hidden_state=encoder_outputs[0],
+                hidden_states=encoder_outputs[1] if len(encoder_outputs) > 1 else None,
+                attentions=encoder_outputs[2] if len(encoder_outputs) > 2 else None,
+            )
         decoder_outputs = self.decoder(
             input_ids=decoder_input_ids,
             attention_mask=decoder_attention_mask,
@@ -512,6 +649,7 @@ class MarianPosEncModel(MarianPosEncPreTrainedModel):
             use_cache=use_cache,
             output_attentions=output_attentions,
             output_hidden_states=output_hidden_states,
+            return_dict=True,
         )
         return Seq2SeqModelOutput(
             last_hidden_state=decoder_outputs.last_hidden_state,
@@ -557,6 +695,19 @@ class MarianPosEncForConditionalGeneration(MarianPosEncPreTrainedModel, Generati
     def get_encoder(self):
         return self.model.encoder
 
+    def resize_token_embeddings(self, new_num_tokens=None, pad_to_multiple_of=None, mean_resizing=True):
+        """`PreTrainedModel.resize_token_embeddings`, resizing Marian's `final_logits_bias` with the shared
+        table (kept values, 0 for new tokens) and keeping `config.decoder_vocab_size` equal to the new size."""
+        embeddings = super().resize_token_embeddings(new_num_tokens, pad_to_multiple_of, mean_resizing)
+        size, old = embeddings.num_embeddings, self.final_logits_bias
+        if old.shape[-1] != size:
+            kept = min(size, old.shape[-1])
+            self.final_logits_bias = torch.cat(
+                [old[:, :kept], old.new_zeros(1, size - kept)], dim=-1
+            )  # (1, V)
+        self.config.decoder_vocab_size = size
+        return embeddings
+
     def prepare_decoder_input_ids_from_labels(self, labels: torch.Tensor):
         return shift_tokens_right(labels, self.config.pad_token_id, self.config.decoder_start_token_id)
 
@@ -564,9 +715,8 @@ class MarianPosEncForConditionalGeneration(MarianPosEncPreTrainedModel, Generati
         """Let `generate` use `PosEncCache`, so position state is reordered with the beams."""
         super()._prepare_cache_for_generation(generation_config, model_kwargs, *args, **kwargs)
         for name in ("past_key_values", "cache"):  # "cache" from transformers 5.24 on
-            cache = model_kwargs.get(name)
-            if isinstance(cache, EncoderDecoderCache) and not isinstance(cache, PosEncCache):
-                model_kwargs[name] = PosEncCache(cache.self_attention_cache, cache.cross_attention_cache)
+            if model_kwargs.get(name) is not None:
+                model_kwargs[name] = as_posenc_cache(model_kwargs[name], self.config)
 
     def generate(self, inputs=None, generation_config=None, **kwargs):
         """`GenerationMixin.generate`; unless a length is given, allows source length + N new tokens, with N
@@ -585,6 +735,7 @@ class MarianPosEncForConditionalGeneration(MarianPosEncPreTrainedModel, Generati
             kwargs["max_new_tokens"] = source.shape[-1] + over_source
         return super().generate(inputs, generation_config=generation_config, **kwargs)
 
+    @can_return_tuple
     def forward(
         self,
         input_ids=None,
@@ -625,6 +776,7 @@ class MarianPosEncForConditionalGeneration(MarianPosEncPreTrainedModel, Generati
             use_cache=use_cache,
             output_attentions=output_attentions,
             output_hidden_states=output_hidden_states,
+            return_dict=True,
         )
         logits = self.lm_head(outputs.last_hidden_state) + self.final_logits_bias  # (B, T, V)
 
@@ -636,8 +788,12 @@ class MarianPosEncForConditionalGeneration(MarianPosEncPreTrainedModel, Generati
                 ignore_index=-100,
                 reduction="sum",
             )
-            denominator = num_items_in_batch if num_items_in_batch is not None else (labels != -100).sum()
-            loss = loss / denominator
+            tokens = (labels != -100).sum()
+            if num_items_in_batch is None:
+                loss = loss / tokens
+            else:
+                check_num_items_in_batch(num_items_in_batch, tokens)
+                loss = loss / num_items_in_batch
 
         return Seq2SeqLMOutput(
             loss=loss,

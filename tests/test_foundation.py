@@ -187,7 +187,9 @@ def record_host_reads_from(package_dir: Path, monkeypatch) -> list[str]:
 def test_decoding_steps_read_no_positions_back_from_the_device(overrides, precomputed, monkeypatch):
     """Positions reach the modules with host-side spans (the decoder knows them from the cache length), so a
     decoding step of any module never reads tensor values back into Python; on a GPU each read would be a
-    device sync per step. The encoder runs before the check (it reads its padded positions' span once)."""
+    device sync per step. The encoder runs before the check (it reads its padded positions' span once). The
+    token-id checks read ids only on the CPU, where a read costs nothing (tests/test_model_faults.py checks
+    that they read nothing on other devices), and are left out here."""
     model = tiny_model(**overrides)
     if precomputed:
         model.precompute_position_attention()
@@ -206,4 +208,4 @@ def test_decoding_steps_read_no_positions_back_from_the_device(overrides, precom
             )
             cache = out.past_key_values
             tokens = torch.cat([tokens, out.logits[:, -1].argmax(-1, keepdim=True)], dim=1)
-    assert reads == []
+    assert [read for read in reads if not read.endswith(" in check_token_ids")] == []

@@ -289,7 +289,8 @@ def test_resolved_position_encodings_round_trip_through_config_json(overrides, t
 
 def test_folded_decoder_reads_causal_softmax_rows_that_follow_changes_of_the_energies():
     """The cached causal weight table equals the softmax over keys 0..n of the folded energies, also after
-    the energies change in place (training, loading), and gradient-carrying calls still reach the energies."""
+    the energies change in place by loading or by a training step, and gradient-carrying calls still reach the
+    energies."""
     from hf_posenc.base import additive_mask
 
     torch.manual_seed(0)
@@ -305,12 +306,15 @@ def test_folded_decoder_reads_causal_softmax_rows_that_follow_changes_of_the_ene
         with torch.no_grad():
             assert mixer.reads_causal_weight_table(None)
             torch.testing.assert_close(mixer.mixing_weights(None, ctx, torch.float32), direct(ctx))
+    mixer.load_state_dict({**mixer.state_dict(), "energies": 3.0 * mixer.energies.detach()})  # in place
     with torch.no_grad():
-        mixer.energies.mul_(3.0)
         torch.testing.assert_close(mixer.mixing_weights(None, ctx, torch.float32), direct(ctx))
     assert not mixer.reads_causal_weight_table(None)  # grad enabled: the differentiable path
     mixer.mixing_weights(None, ctx, torch.float32).sum().backward()
     assert mixer.energies.grad is not None
+    torch.optim.SGD([mixer.energies], lr=10.0).step()  # in place, after a forward with gradients
+    with torch.no_grad():
+        torch.testing.assert_close(mixer.mixing_weights(None, ctx, torch.float32), direct(ctx))
 
 
 def test_model_folded_and_decoded_under_inference_mode_matches_the_unfolded_model():
@@ -338,8 +342,9 @@ def test_unfolded_aposnet_decoding_projects_position_keys_once_and_follows_chang
     assert projected_rows == [mixer.max_positions]  # one projection of the whole table, not one per step
 
     positions = torch.arange(6)[None]
+    doubled = {"model.decoder.layers.0.self_attn.k_proj.weight": 2.0 * mixer.k_proj.weight.detach()}
+    model.load_state_dict({**model.state_dict(), **doubled})  # W^K changes in place
     with torch.no_grad():
-        mixer.k_proj.weight.mul_(2.0)  # in place: a new version of the weight
         cached = mixer.position_keys(positions)
     expected = mixer.k_proj(mixer.position_vectors[positions])  # gradients on: computed directly
     torch.testing.assert_close(cached, expected)

@@ -339,15 +339,13 @@ def test_the_two_layouts_differ_only_by_a_feature_permutation_under_full_project
 
 @pytest.mark.parametrize("cell", ["gru", "sru"])
 def test_rnn_weights_missing_from_a_checkpoint_are_initialised_finite(tmp_path, cell):
-    """from_pretrained runs no PyTorch init: reset_parameters must initialise the RNN (else NaN/garbage)."""
+    """from_pretrained runs no PyTorch init: reset_parameters must initialise the RNN (else NaN/garbage). The
+    checkpoint holds none of the model's weights: one that holds the others but lacks the RNN's is refused
+    (tests/test_model_faults.py)."""
     model = tiny_model(position_encoding="rpe_head", rpe_cell=cell)
     model.save_pretrained(tmp_path)
-    state = load_file(tmp_path / "model.safetensors")
-    dropped = [key for key in state if ".rnn." in key]
-    assert dropped
-    save_file(
-        {k: v for k, v in state.items() if k not in dropped}, tmp_path / "model.safetensors", {"format": "pt"}
-    )
+    assert any(".rnn." in key for key in load_file(tmp_path / "model.safetensors"))
+    save_file({"unrelated": torch.zeros(1)}, tmp_path / "model.safetensors", {"format": "pt"})
     loaded = MarianPosEncForConditionalGeneration.from_pretrained(tmp_path).eval()
     for stack in (loaded.model.encoder, loaded.model.decoder):
         rnn = stack.position_encoding.rnn
