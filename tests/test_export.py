@@ -9,7 +9,8 @@ import pytest
 from conftest import DATA_DIR
 
 from hf_posenc.pipeline import arguments, run
-from hf_posenc.pipeline.export import check_output_folders, push_to_hub, write_run_folder
+from hf_posenc.pipeline.export import check_output_folders, copy_training_logs, push_to_hub, write_run_folder
+from hf_posenc.pipeline.training import TranslationTrainer
 
 
 def hub_fields(**fields):
@@ -228,3 +229,31 @@ def test_resuming_with_another_learning_rate_or_module_is_refused_naming_both(tm
     ):
         run.main([*resume, "--position_encoding", "learned"])
     assert run.main(resume)["steps"] == 3
+
+
+def test_the_loggers_files_go_into_the_uploaded_folder(tmp_path, monkeypatch):
+    monkeypatch.delenv("TENSORBOARD_LOGGING_DIR", raising=False)
+    events = tmp_path / "run-checkpoints" / "runs" / "Nov27_host"
+    events.mkdir(parents=True)
+    (events / "events.out.tfevents.1").write_bytes(b"x")
+    folder = tmp_path / "run.partial"
+    folder.mkdir()
+    copy_training_logs(tmp_path / "run-checkpoints", folder)
+    assert (folder / "runs" / "Nov27_host" / "events.out.tfevents.1").read_bytes() == b"x"
+    elsewhere = tmp_path / "tb"
+    elsewhere.mkdir()
+    (elsewhere / "events.out.tfevents.2").write_bytes(b"y")
+    monkeypatch.setenv("TENSORBOARD_LOGGING_DIR", str(elsewhere))
+    other = tmp_path / "other.partial"
+    other.mkdir()
+    copy_training_logs(tmp_path / "run-checkpoints", other)
+    assert (other / "runs" / "events.out.tfevents.2").is_file()
+
+
+def test_under_token_batches_the_trainer_reports_target_tokens_not_samples_per_second(monkeypatch):
+    logged = []
+    monkeypatch.setattr(TranslationTrainer.__mro__[1], "log", lambda self, logs, *a, **k: logged.append(logs))
+    trainer = object.__new__(TranslationTrainer)  # only what `log` reads
+    trainer.max_tokens, trainer.target_tokens = 2500, 5000
+    trainer.log({"train_runtime": 10.0, "train_samples_per_second": 12.8, "train_loss": 3.0})
+    assert logged == [{"train_runtime": 10.0, "train_loss": 3.0, "train_target_tokens_per_second": 500.0}]

@@ -107,6 +107,22 @@ def test_off_a_terminal_progress_is_plain_log_lines_every_n_seconds(caplog):
     assert lines[-1].startswith("training: 1.7/16 min")
 
 
+def test_disable_tqdm_gives_log_lines_on_a_terminal_too(caplog):
+    caplog.set_level(logging.INFO, logger="hf_posenc.pipeline.progress")
+    terminal = Terminal()
+    progress = TrainingProgressCallback(LabelTokens(), 16, 30.0, terminal, clock=FakeClock())
+    run = Run([progress])
+    run.callbacks = []  # started with the Trainer's default arguments; now as --disable_tqdm starts it
+    quiet = TrainingArguments(output_dir="unused", report_to="none", disable_tqdm=True)
+    progress.on_train_begin(quiet, run.state, run.control)
+    run.callbacks = [progress]
+    for _ in range(4):
+        run.step(10.0)
+    run.end()
+    assert "%|" not in terminal.getvalue().split("\n")[-1]  # no bar frame after --disable_tqdm took effect
+    assert any(record.getMessage().startswith("training: 0.5/16 min") for record in caplog.records)
+
+
 def test_evaluation_results_are_written_as_lines(caplog):
     caplog.set_level(logging.INFO, logger="hf_posenc.pipeline.progress")
     run, progress = progress_run(minutes=16, stream=io.StringIO())

@@ -88,6 +88,7 @@ def translate(
     *,
     progress_every_seconds: float = LOG_EVERY_SECONDS,
     progress_stream=None,
+    progress_bar: bool = True,
     **generate_kwargs,
 ) -> list[str]:
     """Translate in length-sorted batches (less padding), returning outputs in the input order.
@@ -96,14 +97,17 @@ def translate(
     tokenised again); the tokenizer pads each batch. Decoding settings come from the model's saved generation
     config unless given in `generate_kwargs` (`check_decoding_settings` refuses NaN and counts below 1). Under
     `bf16` decoding runs in bf16 autocast. Progress (sentences done/total) goes to a tqdm bar when
-    `progress_stream` (default stderr) is a terminal, else to log lines every `progress_every_seconds`.
+    `progress_stream` (default stderr) is a terminal and `progress_bar` is on, else to log lines every
+    `progress_every_seconds`.
     """
     check_number("batch_size", batch_size, minimum=1, integer=True)
     check_decoding_settings(model, generate_kwargs)
     model.eval()
     order = sorted(range(len(sources)), key=lambda i: len(sources[i]))
     outputs = [None] * len(sources)
-    report = ProgressReport(len(sources), "decoding", progress_every_seconds, progress_stream)
+    report = ProgressReport(
+        len(sources), "decoding", progress_every_seconds, progress_stream, bar=progress_bar
+    )
     started = time.monotonic()
     for start in range(0, len(order), batch_size):
         indices = order[start : start + batch_size]

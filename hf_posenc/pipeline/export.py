@@ -129,6 +129,14 @@ def write_run_folder(output_dir: Path, write) -> Path:
     return output_dir
 
 
+def copy_training_logs(checkpoints_dir: Path, folder: Path) -> None:
+    """The files `--report_to` loggers wrote (TensorBoard's event files: `TENSORBOARD_LOGGING_DIR`, or the
+    Trainer's `runs/` beside the checkpoints) go into the run folder's `runs/`, so they are uploaded with it."""
+    logs = Path(os.environ.get("TENSORBOARD_LOGGING_DIR") or checkpoints_dir / "runs")
+    if holds_files(logs):
+        shutil.copytree(logs, folder / "runs")
+
+
 def copy_dry_run(output_dir: Path, dry_run: Path) -> None:
     """The folder that would be uploaded, at a new path (checked empty before the run started)."""
     if holds_files(dry_run):  # filled while the run trained
@@ -217,6 +225,7 @@ def export(args, model, data, evaluation, record: dict) -> Path:
         (folder / "scores.json").write_text(json.dumps(record, indent=2) + "\n")
         (folder / f"test.hyp.{args.data.target_lang}").write_text("\n".join(evaluation.hypotheses) + "\n")
         write_model_card(folder, model, record, dataset, **card)
+        copy_training_logs(args.checkpoints_dir, folder)
 
     write_run_folder(output_dir, write)
     remove_set_aside(args.checkpoints_dir)

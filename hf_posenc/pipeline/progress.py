@@ -59,6 +59,7 @@ class ProgressReport:
         every_seconds: float = LOG_EVERY_SECONDS,
         stream=None,
         clock: Callable[[], float] = time.monotonic,
+        bar: bool = True,
     ):
         self.name = name
         self.every_seconds = every_seconds
@@ -69,7 +70,7 @@ class ProgressReport:
         stream = sys.stderr if stream is None else stream
         self.bar = (
             tqdm(total=total, file=stream, bar_format=BAR_FORMAT, dynamic_ncols=True)
-            if is_terminal(stream)
+            if bar and is_terminal(stream)
             else None
         )
 
@@ -134,7 +135,15 @@ class TrainingProgressCallback(TrainerCallback):
         self.start = self.clock() if self.given_start is None else self.given_start
         self.first_step, self.first_tokens = state.global_step, self.target_tokens()
         total = self.minutes * 60 if self.minutes else state.max_steps
-        self.report = ProgressReport(total, "training", self.every_seconds, self.stream, self.clock)
+        # --disable_tqdm: log lines instead of a bar, on a terminal too
+        self.report = ProgressReport(
+            total,
+            "training",
+            self.every_seconds,
+            self.stream,
+            self.clock,
+            bar=not getattr(args, "disable_tqdm", False),
+        )
 
     def status(self, state) -> str:
         """The progress line: budget or steps, speed, loss, learning rate."""

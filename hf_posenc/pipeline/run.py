@@ -375,7 +375,13 @@ def evaluate(
 ) -> Evaluation:
     """Decode the test set with the model's generation config and score it; flag degenerate output."""
     started = time.monotonic()
-    hypotheses = translate(model, data.tokenizer, data.test.source, bf16=precision.precision == "bf16")
+    hypotheses = translate(
+        model,
+        data.tokenizer,
+        data.test.source,
+        bf16=precision.precision == "bf16",
+        progress_bar=not args.training.disable_tqdm,
+    )
     seconds = time.monotonic() - started
     scores = score_translations(hypotheses, data.test.target)
     encoding = getattr(

@@ -80,6 +80,16 @@ class TranslationTrainer(Seq2SeqTrainer):
         )
         return self.accelerator.prepare(loader)
 
+    def log(self, logs: dict, *args, **kwargs) -> None:
+        """Under token batches the Trainer's samples/s (updates x per_device_train_batch_size / s) counts
+        sentences no batch held: it is replaced by the target tokens/s this process trained on."""
+        if self.max_tokens is not None and "train_samples_per_second" in logs:
+            logs = {key: value for key, value in logs.items() if key != "train_samples_per_second"}
+            logs["train_target_tokens_per_second"] = round(
+                self.target_tokens / max(logs["train_runtime"], 1e-9), 1
+            )
+        super().log(logs, *args, **kwargs)
+
     def training_step(self, model, inputs, num_items_in_batch=None):
         self.target_tokens += int((inputs["labels"] != -100).sum())
         return super().training_step(model, inputs, num_items_in_batch)
