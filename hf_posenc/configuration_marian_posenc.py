@@ -20,8 +20,12 @@ from .registry import POSITION_ENCODINGS, TOKEN_MIXERS
 
 logger = logging.get_logger(__name__)
 SPECIAL_TOKEN_FIELDS = (
-    "pad_token_id", "bos_token_id", "eos_token_id", "forced_eos_token_id", "decoder_start_token_id",
-)  # fmt: skip
+    "pad_token_id",
+    "bos_token_id",
+    "eos_token_id",
+    "forced_eos_token_id",
+    "decoder_start_token_id",
+)
 
 
 def module_hyperparameters() -> dict[str, Hyperparameter]:
