@@ -17,6 +17,7 @@ from .averaging import (
     write_whole,
 )
 from .cli import run_cli
+from .ctranslate2 import is_ctranslate2_folder, translate_ctranslate2
 from .data import read_lines, read_parallel
 from .evaluation import (
     check_aligned,
@@ -58,6 +59,10 @@ translations instead.
 Writes `<model>/evaluation.json` (BLEU, chrF++, signatures; paired bootstrap resampling against the
 baseline with paper-1 significance marks; the n-gram sweep of paper 1 Fig. 4) and, with --ngram_sweep,
 `<model>/ngram_sweep.png`.
+
+A CTranslate2 folder written by train_scripts/export_ctranslate2.py (it holds model.bin) is scored the same way:
+decoded with CTranslate2 on the CPU (`--threads` threads) with the generation config saved in it, in the weight
+type it was exported in (--precision must stay auto; docs/export.md).
 
 Every flag, file and folder is checked before decoding: counts (--batch_size, --num_beams, --threads,
 --bootstrap_samples) must be at least 1, --length_penalty a finite number; the model folder, the text files
@@ -174,6 +179,12 @@ def evaluate_main(argv=None):
     model_dir = Path(args.model)
     if not model_dir.is_dir():
         raise FileNotFoundError(f"model folder {model_dir} does not exist")
+    exported = is_ctranslate2_folder(model_dir)  # a CTranslate2 export: decoded by CTranslate2
+    if exported and args.precision != "auto":
+        parser.error(
+            f"--precision {args.precision}: {model_dir} is a CTranslate2 export, which decodes in the weight type "
+            "it was exported in (export again with --quantization to change it)"
+        )
     output = Path(args.output or model_dir / "evaluation.json")
     if not output.parent.is_dir():
         raise FileNotFoundError(f"--output {output}: its folder {output.parent} does not exist")
@@ -187,6 +198,17 @@ def evaluate_main(argv=None):
     if args.hypotheses:
         hypotheses = read_lines(args.hypotheses)
         check_aligned(hypotheses, test.target, f"--hypotheses {args.hypotheses}")
+    elif exported:
+        decoding = {"engine": "ctranslate2", "hardware": describe_hardware("cpu").as_dict()}
+        hypotheses = translate_ctranslate2(
+            model_dir,
+            test.source,
+            beam_size=args.num_beams,
+            length_penalty=args.length_penalty,
+            batch_size=args.batch_size,
+            threads=args.threads,
+        )
+        (model_dir / "evaluation.hyp").write_text("\n".join(hypotheses) + "\n")
     else:
         model, tokenizer = load_translation_model(model_dir)
         overrides = {

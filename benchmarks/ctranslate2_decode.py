@@ -1,0 +1,137 @@
+"""Decoding speed and BLEU of `generate` against its CTranslate2 exports (fp32, int8) on a trained model, CPU.
+
+Translates the test set (Multi30k test_2016_flickr En->De by default, 1000 sentences) with the model's saved
+generation config (beam 4, length penalty 0.6, source length + 50) at 1 thread and at all cores: `generate`
+(torch fp32, `evaluation.translate`) and CTranslate2 (`CTranslate2Model.translate`) with float32 and int8
+weights. Threads are pinned for both (torch.set_num_threads, CTranslate2's intra_threads; one translation at a
+time). Reports sentences/s, the speed-up over `generate` at the same thread count, BLEU (sacreBLEU 13a) and how
+many lines equal `generate`'s, as a markdown table that replaces the measured section of docs/export.md
+(--doc; `--doc ''` only prints it).
+
+    python -m benchmarks.ctranslate2_decode outputs/run
+"""
+
+import argparse
+import datetime
+import os
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from hf_posenc.pipeline.ctranslate2 import CTranslate2Model, export_ctranslate2
+from hf_posenc.pipeline.data import read_parallel
+from hf_posenc.pipeline.evaluation import load_translation_model, score_translations, translate
+from hf_posenc.pipeline.hardware import describe_hardware
+
+DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "multi30k"
+DOC = Path(__file__).resolve().parents[1] / "docs" / "export.md"
+BEGIN, END = "<!-- ctranslate2-benchmark:begin -->", "<!-- ctranslate2-benchmark:end -->"
+QUANTIZATIONS = ("float32", "int8")
+
+
+def timed(function):
+    """(result, seconds) of `function()`."""
+    started = time.perf_counter()
+    result = function()
+    return result, time.perf_counter() - started
+
+
+def measure(model_dir: Path, sources, references, threads: list[int], batch_size: int) -> list[dict]:
+    """One row per (system, thread count): seconds, sentences/s, speed-up over `generate`, BLEU, identical lines."""
+    model, tokenizer = load_translation_model(model_dir)
+    model = model.float().eval()
+    rows = []
+    with tempfile.TemporaryDirectory() as scratch:
+        folders = {name: Path(scratch) / name for name in QUANTIZATIONS}
+        for name, folder in folders.items():
+            export_ctranslate2(model_dir, folder, quantization=name)
+        for count in threads:
+            torch.set_num_threads(count)
+            runs = {
+                "HF generate (torch fp32)": lambda: translate(
+                    model, tokenizer, sources, batch_size=batch_size
+                )
+            }
+            for name, folder in folders.items():
+                export = CTranslate2Model.load(folder, threads=count)
+                runs[f"CTranslate2 {name}"] = lambda export=export: export.translate(
+                    sources, batch_size=batch_size
+                )
+            baseline = None
+            for system, run in runs.items():
+                outputs, seconds = timed(run)
+                baseline = baseline or (outputs, seconds)
+                rows.append(
+                    {
+                        "system": system,
+                        "threads": count,
+                        "sentences_per_second": len(sources) / seconds,
+                        "speed_up": baseline[1] / seconds,
+                        "bleu": score_translations(outputs, references)["bleu"],
+                        "identical": sum(a == b for a, b in zip(outputs, baseline[0], strict=True)),
+                    }
+                )
+    return rows
+
+
+def table(rows: list[dict], model_dir: Path, test_name: str, sentences: int, batch_size: int) -> str:
+    """The markdown section: what was measured, on which machine, when, under what load, and the table."""
+    load = ", ".join(f"{value:.2f}" for value in os.getloadavg())
+    lines = [
+        f"Measured {datetime.date.today().isoformat()} with `python -m benchmarks.ctranslate2_decode {model_dir}`:"
+        f" {test_name}, {sentences} sentences, beam 4 (the saved generation config), batches of {batch_size}"
+        " sentences sorted by length.",
+        "",
+        f"Machine: {describe_hardware('cpu').line()}. Load average at the end: {load} (1, 5, 15 min). The"
+        " machine was shared with other jobs (training runs) while this ran, so absolute speeds are low and"
+        " noisy; the ratios compare runs made one after another in one process.",
+        "",
+        "| system | threads | sentences/s | speed vs HF generate | BLEU | lines identical to HF generate |",
+        "| --- | --- | --- | --- | --- | --- |",
+    ]
+    for row in rows:
+        lines.append(
+            f"| {row['system']} | {row['threads']} | {row['sentences_per_second']:.1f} | "
+            f"{row['speed_up']:.2f}x | {row['bleu']:.2f} | {row['identical']}/{sentences} |"
+        )
+    return "\n".join(lines)
+
+
+def write_section(doc: Path, section: str) -> None:
+    """Replace the text between the benchmark markers of `doc` with `section`."""
+    text = doc.read_text()
+    if BEGIN not in text or END not in text:
+        raise ValueError(f"{doc} has no {BEGIN} ... {END} section to write the table into")
+    head, rest = text.split(BEGIN, 1)
+    tail = rest.split(END, 1)[1]
+    doc.write_text(f"{head}{BEGIN}\n{section}\n{END}{tail}")
+
+
+def main():
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("model_dir", type=Path, help="a trained model folder (train.py's output)")
+    parser.add_argument("--source", type=Path, default=DATA / "test_2016_flickr.en.gz")
+    parser.add_argument("--reference", type=Path, default=DATA / "test_2016_flickr.de.gz")
+    parser.add_argument("--limit", type=int, default=None, help="only the first N sentences")
+    parser.add_argument("--batch_size", type=int, default=64)
+    parser.add_argument(
+        "--threads", type=int, nargs="+", default=[1, len(os.sched_getaffinity(0))], help="default: 1 and all"
+    )
+    parser.add_argument("--doc", default=str(DOC), help="markdown file whose measured section is replaced")
+    args = parser.parse_args()
+    test = read_parallel(args.source, args.reference)
+    sources, references = test.source[: args.limit], test.target[: args.limit]
+    rows = measure(args.model_dir, sources, references, sorted(set(args.threads)), args.batch_size)
+    section = table(rows, args.model_dir, test.name, len(sources), args.batch_size)
+    print(section)
+    if args.doc:
+        write_section(Path(args.doc), section)
+        print(f"wrote the table into {args.doc}")
+
+
+if __name__ == "__main__":
+    main()
