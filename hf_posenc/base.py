@@ -145,9 +145,9 @@ def all_positions_context(encoding, positions: int, device=None) -> "PositionCon
 
 class DescribedModule:
     """What a registered module says about itself. The config (`hyperparameters`), the model card (`title`,
-    `reference`, `citations`), the position plots (`position_panels`), the comparison and benchmark systems
-    and the conformance suite (`variants`, `comparison_rows`), and the comparison tables' notes
-    (`paper_deviations`) all read these, so adding a module is its file and its registry line."""
+    `reference`, `citations`), the position plots (`position_panels`), the benchmark systems and the
+    conformance suite (`variants`), and the comparison tables' notes (`paper_deviations`) all read these, so
+    adding a module is its file and its registry line."""
 
     #: Name in tables and cards, e.g. "PosNet-Embed".
     title: str = ""
@@ -160,8 +160,6 @@ class DescribedModule:
     #: Option sets that deserve their own conformance and benchmark run: name -> config overrides, applied on
     #: top of the module's own system (its name in both stacks, or at its self-attention sites).
     variants: dict[str, dict] = {}
-    #: Rows this module adds to comparison tables: table name -> {system name: config overrides}.
-    comparison_rows: dict[str, dict[str, dict]] = {}
 
     def position_panels(self, positions: int) -> list[PositionPanel]:
         """Pictures of what this module learned about the first `positions` positions (none by default)."""

@@ -42,7 +42,6 @@ class ContentAttention(TokenMixer):
         "attention_gating": Hyperparameter(bool, False, "Eq. 4 gating of paper 2 on self-attention (Table 6)")
     }
     variants = {"gated": {"attention_gating": True}}
-    comparison_rows = {"gating": {"attention+gating": {"attention_gating": True}}}
 
     def __init__(self, config, site, layer_idx):
         super().__init__(config, site, layer_idx)

@@ -217,7 +217,6 @@ class APosNetAttention(PositionAttention):
             "posnet_gating": False,
         }
     }
-    comparison_rows = {"gating": {"aposnet": None, "aposnet-no-gating": {"posnet_gating": False}}}
 
     folded_away = ("q_proj", "k_proj", "position_vectors")
 
@@ -307,23 +306,6 @@ class RPosNetAttention(PositionAttention):
             "rposnet_length_ratio": 1.3,
             "position_attention_precomputed": True,
         }
-    }
-    # Paper 2 Table 5 placements: ES encoder self-, DS decoder self-, C cross-attention (ES+DS: the main system)
-    comparison_rows = {
-        "gating": {"rposnet": None, "rposnet-no-gating": {"posnet_gating": False}},
-        "placement": {
-            "rposnet@ES": {"decoder_self_attention": "attention"},
-            "rposnet@DS": {"encoder_self_attention": "attention"},
-            "rposnet@C": {
-                "encoder_self_attention": "attention",
-                "decoder_self_attention": "attention",
-                "cross_attention": "rposnet",
-            },
-            "rposnet": None,
-            "rposnet@ES+C": {"decoder_self_attention": "attention", "cross_attention": "rposnet"},
-            "rposnet@DS+C": {"encoder_self_attention": "attention", "cross_attention": "rposnet"},
-            "rposnet@ES+DS+C": {"cross_attention": "rposnet"},
-        },
     }
     folded_away = ("q_proj", "relative_embeddings")
     #: Paper 2 §5.2: rPosNet models take learned absolute input embeddings; the config picks this for a stack

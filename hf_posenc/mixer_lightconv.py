@@ -70,20 +70,6 @@ class LightConv(PositionMixer):
         ),
     }
     variants = {"gelu-gating-global-context": {"lightconv_gating": "gelu", "lightconv_global_context": True}}
-    # Paper 2 Table 7 (Appendix E), after the Transformer baseline; `None`: the main system of that name.
-    comparison_rows = {
-        "lightconv_chain": {
-            "shaw": None,
-            "lightconv-no-glu": {"lightconv_gating": "none"},
-            "lightconv": None,
-            "lightconv+gelu-gating": {"lightconv_gating": "gelu"},
-            "lightconv+gelu-gating+global-context": {
-                "lightconv_gating": "gelu",
-                "lightconv_global_context": True,
-            },
-            "rposnet": None,
-        }
-    }
     allowed_sites = (ENCODER_SELF_ATTENTION, DECODER_SELF_ATTENTION)
 
     def __init__(self, config, site, layer_idx):

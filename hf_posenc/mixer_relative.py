@@ -81,12 +81,6 @@ class RelativeAttention(ValueMixer):
         ),
     }
     variants = {"no-gating": {"relative_attention_gating": False}}
-    comparison_rows = {
-        "gating": {
-            "relative_attention": None,
-            "relative_attention-no-gating": {"relative_attention_gating": False},
-        }
-    }
     allowed_sites = (ENCODER_SELF_ATTENTION, DECODER_SELF_ATTENTION)
     recommended_position_encoding = "none"
 

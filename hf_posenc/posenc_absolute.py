@@ -30,7 +30,6 @@ class NoPositionEncoding(PositionEncoding):
     title = "no PE"
     reference = "paper 1 Table 1 (w/o PE); permutation equivariance, Eq. 9"
     citations = (PAPER_1,)
-    comparison_rows = {"length": {"nope-decoder": {"encoder_position_encoding": "sinusoidal"}}}
 
 
 def marian_sinusoid_table(num_positions: int, dim: int) -> torch.Tensor:

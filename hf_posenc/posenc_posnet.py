@@ -212,14 +212,6 @@ class PosNetEmbedding(PositionEncoding):
         "separate-stacks": {"posnet_shared": False},
         "decoder-only": {"encoder_position_encoding": "sinusoidal"},
     }
-    # paper 1 Fig. 3: d_p of PosNet-Embed on the validation set (128 is the main system)
-    comparison_rows = {
-        "posnet_dim": {
-            **{f"posnet_embed-dp{dim}": {"posnet_dim": dim} for dim in (32, 64, 96)},
-            "posnet_embed": None,
-            "posnet_embed-dp256": {"posnet_dim": 256},
-        }
-    }
 
     def __init__(self, config, stack):
         super().__init__(config, stack)

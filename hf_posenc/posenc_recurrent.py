@@ -570,19 +570,6 @@ class RPEHeadPositionEncoding(RecurrentPositionEncoding):
         "sru": {"rpe_cell": "sru"},
         "hidden": {"rpe_recurrence": "hidden"},
     }
-    comparison_rows = {
-        "recurrent": {
-            "rpe_head@encoder": {"decoder_position_encoding": "sinusoidal"},
-            "rpe_head@decoder": {"encoder_position_encoding": "sinusoidal"},
-            "rpe_head": None,
-        },
-        # Fig. 2's d_r sweep (best at 320 of d_model 512) mirrored at half width, for the CPU comparison's
-        # d_model 256 with 4 heads of 64: RPEHead's d_r must fill whole heads, and 64, 128, 192 are all of them
-        # (d_r 128, 256, 384 at the paper's width; its best halves to 160, not a whole head). Our copy of the
-        # paper does not give the figure's grid.
-        # d_r 128 is the main system's at d_model 256 (320 scaled, rounded to whole heads): one run serves both
-        "rpe_dim": {"rpe_head-dr64": {"rpe_dim": 64}, "rpe_head": None, "rpe_head-dr192": {"rpe_dim": 192}},
-    }
 
     @classmethod
     def rpe_dim_granule(cls, num_heads, head_dim):
@@ -605,21 +592,6 @@ class MPRHeadPositionEncoding(RecurrentPositionEncoding):
         "encoder-only": {"decoder_position_encoding": "sinusoidal"},
         "sru-hidden": {"rpe_cell": "sru", "rpe_recurrence": "hidden"},
         "lstm-hidden": {"rpe_cell": "lstm", "rpe_recurrence": "hidden"},
-    }
-    comparison_rows = {
-        "recurrent": {
-            "mpr_head@encoder": {"decoder_position_encoding": "sinusoidal"},
-            "mpr_head@decoder": {"encoder_position_encoding": "sinusoidal"},
-            "mpr_head": None,
-        },
-        # Fig. 2's d_r sweep (best at 256 of d_model 512) mirrored at half width, for the CPU comparison's
-        # d_model 256 with 4 heads (MPRHead needs multiples of 4): d_r 128, 192, 256, 320, 384 at the paper's
-        # width, halved, so the best sits in the middle. Our copy of the paper does not give the figure's grid.
-        "rpe_dim": {  # d_r 128 is the main system's at d_model 256 (256 scaled)
-            **{f"mpr_head-dr{rpe_dim}": {"rpe_dim": rpe_dim} for rpe_dim in (64, 96)},
-            "mpr_head": None,
-            **{f"mpr_head-dr{rpe_dim}": {"rpe_dim": rpe_dim} for rpe_dim in (160, 192)},
-        },
     }
 
     @classmethod

@@ -1,40 +1,60 @@
-"""`make compare`: every system of the comparison tables is a valid training command, runs are planned seed by
-seed, a tiny real comparison writes the tracked results and the report (scores, significance, length
-generalisation, claims, probe) and resumes, and verdicts need seed noise as well as significance."""
+"""`make compare` (`hf_posenc.study`): every system of the comparison tables is a valid training command, runs
+are planned seed by seed, a tiny real comparison writes the tracked results and the report (scores,
+significance, length generalisation, claims, probe) and resumes, verdicts need seed noise as well as
+significance, and a results folder or file the report cannot use is refused by name before anything is written."""
 
 import gzip
 import json
 import logging
 import shutil
+import subprocess
+import sys
 
-import compare  # noqa: E402
 import pytest
+from conftest import REPO
 
 from hf_posenc.pipeline import arguments
 from hf_posenc.pipeline.hardware import Hardware
 from hf_posenc.pipeline.systems import paper_deviations
+from hf_posenc.study import claims, cli, readme, report, runs, tables
+from hf_posenc.study.results import check_results
 
 MACHINE = Hardware("cpu", "a test machine", "AVX2", 1, "2.13.0+cpu")
 TINY_RUN = "--d_model 32 --layers 1 --heads 2 --ffn_dim 64 --vocab_size 300 --train_limit 600"
+TINY_COMPARISON = (
+    "--recipe multi30k-en-de-tiny --systems sinusoidal none learned --tables main --seeds 1 --max_steps 2 "
+    "--precision fp32 --test_limit 16 --probe_sentences 4 --bootstrap_samples 50 --length_k 1 2"
+).split()
 
 
-@pytest.mark.parametrize("system", sorted(compare.SYSTEMS))
+def scored(k: int, bleu: float, length_ratio: float | None = None) -> dict:
+    """A length-generalisation row with k sentences joined that was scored."""
+    row = {"k": k, "bleu": bleu, "cannot": None}
+    return row if length_ratio is None else {**row, "length_ratio": length_ratio}
+
+
+def write_hypotheses(run: runs.Run, root, lines: list[str]) -> None:
+    path = run.folder(root) / f"test.hyp.{run.target_lang}.gz"
+    path.write_bytes(gzip.compress("\n".join(lines).encode() + b"\n"))
+
+
+@pytest.mark.parametrize("system", sorted(tables.SYSTEMS))
 def test_every_system_is_a_valid_training_command(system):
     """train.py accepts each run's arguments and builds the system's model."""
-    run = compare.Run(compare.DEFAULT_RECIPE, "en-de", system, 1)
-    args = compare.parse_args([])
+    run = runs.Run(cli.COMPARISON_RECIPE, "en-de", system, 1)
+    args = cli.parse_args([])
     args.run_precision = "fp32"
-    train_args = arguments.parse_args([*compare.train_arguments(run, args), "--output_dir", "unused"])
+    train_args = arguments.parse_args([*runs.train_arguments(run, args), "--output_dir", "unused"])
     config = arguments.model_config(train_args, 100, 0, 1)
-    for field, value in compare.SYSTEMS[system].overrides.items():
+    for field, value in tables.SYSTEMS[system].overrides.items():
         assert getattr(config, field) == value
-    for field, value in compare.SYSTEMS[system].training.items():  # training options: train.py's data fields
+    for field, value in tables.SYSTEMS[system].training.items():  # training options: train.py's data fields
         assert getattr(train_args.data, field) == value
 
 
 def test_rows_name_where_the_model_departs_from_the_paper():
     def deviations(name):
-        return paper_deviations(compare.row_config(compare.SYSTEMS[name], "multi30k-en-de-compare"))
+        return paper_deviations(tables.row_config(tables.SYSTEMS[name], "multi30k-en-de-compare"))
 
     assert deviations("mpr_head@decoder") == [
         "decoder: d_r = 128 (paper: 256 at d_model 512; scaled to d_model 256, rounded down to a multiple of 4)"
@@ -44,53 +64,53 @@ def test_rows_name_where_the_model_departs_from_the_paper():
 
 
 def test_every_table_holds_the_baseline_and_claims_name_known_systems():
-    for table, systems in compare.TABLES.items():
-        assert compare.BASELINE in [s.name for s in systems], table
-    for _paper, claim, system, reference, expected in compare.CLAIMS:
-        assert system in compare.SYSTEMS and reference in compare.SYSTEMS, claim
+    assert list(tables.TABLES) == list(tables.TABLE_TITLES)  # every table has a title, in report order
+    for table, systems in tables.TABLES.items():
+        assert tables.REFERENCE_SYSTEM in [s.name for s in systems], table
+    for _paper, claim, system, reference, expected in claims.CLAIMS:
+        assert system in tables.SYSTEMS and reference in tables.SYSTEMS, claim
         assert expected in ("<", ">", "≈", "≥", "≤")
 
 
 def test_runs_are_planned_seed_by_seed_and_ablations_use_the_first_seeds():
-    args = compare.parse_args(
-        ["--tables", "main", "gating", "--seeds", "1", "2", "3", "--ablation_seeds", "2"]
-    )
-    runs = compare.planned_runs(args)
-    seeds = [run.seed for run in runs]
+    args = cli.parse_args(["--tables", "main", "gating", "--seeds", "1", "2", "3", "--ablation_seeds", "2"])
+    planned = runs.planned_runs(args)
+    seeds = [run.seed for run in planned]
     assert seeds == sorted(seeds)  # a cut-off command leaves whole seeds
-    assert {run.system for run in runs if run.seed == 3} == {s.name for s in compare.TABLES["main"]}
-    assert "rposnet-no-gating" in {run.system for run in runs if run.seed == 2}
-    assert len(runs) == len(set(runs))  # systems in two tables are trained once
+    assert {run.system for run in planned if run.seed == 3} == {s.name for s in tables.TABLES["main"]}
+    assert "rposnet-no-gating" in {run.system for run in planned if run.seed == 2}
+    assert len(planned) == len(set(planned))  # systems in two tables are trained once
 
 
 def test_unknown_system_or_recipe_lists_the_valid_ones(capsys):
     with pytest.raises(SystemExit):
-        compare.parse_args(["--systems", "rotary"])
+        cli.parse_args(["--systems", "rotary"])
     assert "unknown systems ['rotary']; available: none, sinusoidal" in capsys.readouterr().err
     with pytest.raises(SystemExit):
-        compare.parse_args(["--bootstrap_samples", "0"])
+        cli.parse_args(["--bootstrap_samples", "0"])
     assert "--bootstrap_samples=0 must be at least 1" in capsys.readouterr().err
 
 
 def test_tiny_real_comparison_writes_results_and_report_and_resumes(tmp_path, caplog):
-    readme = tmp_path / "README.md"
-    readme.write_text((compare.REPO / "README.md").read_text())
-    arguments = [
-        "--recipe", "multi30k-en-de-tiny", "--systems", "sinusoidal", "none", "learned", "--tables", "main",
-        "--seeds", "1", "--max_steps", "2", "--precision", "fp32", "--train_args", TINY_RUN, "--test_limit", "16",
-        "--models_dir", str(tmp_path / "models"), "--results_dir", str(tmp_path / "results"),
-        "--report", str(tmp_path / "docs" / "results.md"), "--probe_sentences", "4", "--bootstrap_samples", "50",
-        "--length_k", "1", "2", "--readme", str(readme),
-    ]  # fmt: skip
-    compare.main(arguments)
+    readme_path = tmp_path / "README.md"
+    readme_path.write_text((REPO / "README.md").read_text())
+    folders = [
+        *("--models_dir", str(tmp_path / "models"), "--results_dir", str(tmp_path / "results")),
+        *("--report", str(tmp_path / "docs" / "results.md"), "--readme", str(readme_path)),
+    ]
+    flags = [*TINY_COMPARISON, "--train_args", TINY_RUN, *folders]
+    cli.main(flags)
     results = tmp_path / "results" / "multi30k-en-de-tiny" / "en-de" / "none" / "seed1"
     assert json.loads((results / "scores.json").read_text())["steps"] == 2
     assert {p.name for p in results.iterdir()} == {
-        "scores.json", "test.hyp.de.gz", "word_order_probe.json", "length_generalisation.json", "settings.json"
-    }  # fmt: skip
-    assert [
-        row["k"] for row in json.loads((results / "length_generalisation.json").read_text())["joined"]
-    ] == [1, 2]
+        "scores.json",
+        "test.hyp.de.gz",
+        "word_order_probe.json",
+        "length_generalisation.json",
+        "settings.json",
+    }
+    length = json.loads((results / "length_generalisation.json").read_text())
+    assert [row["k"] for row in length["joined"]] == [1, 2]
     page = (tmp_path / "docs" / "results.md").read_text()
     main_table = page.split("### Gating")[0].split("### Length generalisation")[0]
     rows = {
@@ -105,88 +125,87 @@ def test_tiny_real_comparison_writes_results_and_report_and_resumes(tmp_path, ca
     assert "### The papers' claims" in page and "| 1 | no PE ≪ SAPE | `none` vs `sinusoidal` |" in page
     assert "| 3 | the gains carry over to NIST Zh-En | | | the LDC/NIST corpora" in page  # and why not
     probe = json.loads((results / "word_order_probe.json").read_text())
-    assert (
-        probe["shuffle"]["equivariance_gap"] < 1e-5
-    )  # no positions anywhere: Eq. 9 holds in the trained model
+    # no positions anywhere: Eq. 9 holds in the trained model
+    assert probe["shuffle"]["equivariance_gap"] < 1e-5
     none_bleu = json.loads((results / "scores.json").read_text())["bleu"]
     assert f"| none | 1 | {none_bleu:.2f} | 0.000 | 0.000 | " in page  # the probe table's row
     module_rows = {
-        line.split(" | ")[0].strip("| `"): line.split(" | ") for line in readme.read_text().splitlines()
+        line.split(" | ")[0].strip("| `"): line.split(" | ")
+        for line in readme_path.read_text().splitlines()
         if line.startswith("| `")
-    }  # fmt: skip
+    }
     assert module_rows["none"][-2:] == [f"{none_bleu:.2f} (1 seed)", "not measured at k = 4 |"]
     assert module_rows["attention"][-2] == module_rows["sinusoidal"][-2] != "not run yet"
     assert module_rows["shaw"][-2:] == ["not run yet", "not run yet |"]
-    summary = readme.read_text().split(compare.SUMMARY_START)[1].split(compare.SUMMARY_END)[0]
+    summary = readme_path.read_text().split(readme.SUMMARY_START)[1].split(readme.SUMMARY_END)[0]
     assert (
-        f"3 of {len(compare.TABLES['main'])} main-table systems measured (3 with 1 seed)" in summary
+        f"3 of {len(tables.TABLES['main'])} main-table systems measured (3 with 1 seed)" in summary
         and "`sinusoidal`" in summary
     )
     docs = tmp_path / "docs"
-    assert (docs / "results_en-de_learned_positions.png").is_file() and (
-        docs / "results_en-de_length.png"
-    ).is_file()
-    report = docs / "results.md"
-    report.write_text(report.read_text() + "Reading of the numbers, by hand.\n")
+    assert (docs / "results_en-de_learned_positions.png").is_file()
+    assert (docs / "results_en-de_length.png").is_file()
+    page_path = docs / "results.md"
+    page_path.write_text(page_path.read_text() + "Reading of the numbers, by hand.\n")
     scores_written = (results / "scores.json").stat().st_mtime
     caplog.clear()
-    caplog.set_level(logging.INFO, logger="compare")
-    compare.main(arguments)
+    caplog.set_level(logging.INFO, logger="hf_posenc.study")
+    cli.main(flags)
     assert (results / "scores.json").stat().st_mtime == scores_written
     assert "none seed 1 en-de: done before" in caplog.text
-    assert report.read_text().endswith(compare.NOTES_MARKER + "\nReading of the numbers, by hand.\n")  # kept
+    # the hand-written notes are kept
+    assert page_path.read_text().endswith(report.NOTES_MARKER + "\nReading of the numbers, by hand.\n")
 
 
 def test_readme_length_cell_reads_k4_share_ratio_and_cannot(tmp_path):
-    args = compare.parse_args(["--results_dir", str(tmp_path), "--seeds", "1", "2"])
+    args = cli.parse_args(["--results_dir", str(tmp_path), "--seeds", "1", "2"])
     rows = {
-        "sinusoidal": [{"k": 1, "bleu": 30.0, "cannot": None}, {"k": 4, "bleu": 12.0, "length_ratio": 0.61, "cannot": None}],
-        "learned": [{"k": 1, "bleu": 28.0, "cannot": None}, {"k": 4, "bleu": None, "cannot": {"max_positions": 128}}],
-        "sinusoidal+concat4": [{"k": 1, "bleu": 29.0, "cannot": None}, {"k": 4, "bleu": 29.0, "length_ratio": 1.0, "cannot": None}],
-    }  # fmt: skip
+        "sinusoidal": [scored(1, 30.0), scored(4, 12.0, 0.61)],
+        "learned": [scored(1, 28.0), {"k": 4, "bleu": None, "cannot": {"max_positions": 128}}],
+        "sinusoidal+concat4": [scored(1, 29.0), scored(4, 29.0, 1.0)],
+    }
     # sinusoidal's second seed keeps less at k = 4: the length cells are means over seeds with their spread
-    second = {"sinusoidal": [{"k": 1, "bleu": 30.0, "cannot": None}, {"k": 4, "bleu": 9.0, "length_ratio": 0.51, "cannot": None}]}  # fmt: skip
+    second = {"sinusoidal": [scored(1, 30.0), scored(4, 9.0, 0.51)]}
     for system, first in rows.items():
         for seed, bleu in ((1, 30.0), (2, 31.0)):
             joined = second.get(system, first) if seed == 2 else first
-            run = compare.Run(args.recipe, "en-de", system, seed)
+            run = runs.Run(args.recipe, "en-de", system, seed)
             folder = run.folder(tmp_path)
             folder.mkdir(parents=True)
             machine = {"hardware": {**MACHINE.as_dict(), "line": "1 threads"}, "precision": "fp32"}
             (folder / "scores.json").write_text(json.dumps({"bleu": bleu, **machine}))
             (folder / "length_generalisation.json").write_text(json.dumps({"joined": joined}))
             # 120 distinct translations; learned's second seed repeats one sentence (a degenerate run)
-            lines = (
-                ["Ein Satz."] * 120
-                if (system, seed) == ("learned", 2)
-                else [f"Satz {i}." for i in range(120)]
+            degenerate = (system, seed) == ("learned", 2)
+            write_hypotheses(
+                run, tmp_path, ["Ein Satz."] * 120 if degenerate else [f"Satz {i}." for i in range(120)]
             )
-            (folder / "test.hyp.de.gz").write_bytes(gzip.compress("\n".join(lines).encode() + b"\n"))
-            (folder / "settings.json").write_text(json.dumps(compare.run_settings(run, args)))
-    stale = compare.Run(args.recipe, "en-de", "alibi", 1)  # a run of another protocol (another recipe)
-    shutil.copytree(
-        compare.Run(args.recipe, "en-de", "sinusoidal", 1).folder(tmp_path), stale.folder(tmp_path)
-    )
-    settings = {**compare.run_settings(stale, args), "recipe": {"warmup_steps": 1}}
+            (folder / "settings.json").write_text(json.dumps(runs.run_settings(run, args)))
+    stale = runs.Run(args.recipe, "en-de", "alibi", 1)  # a run of another protocol (another recipe)
+    shutil.copytree(runs.Run(args.recipe, "en-de", "sinusoidal", 1).folder(tmp_path), stale.folder(tmp_path))
+    settings = {**runs.run_settings(stale, args), "recipe": {"warmup_steps": 1}}
     (stale.folder(tmp_path) / "settings.json").write_text(json.dumps(settings))
-    chunk = compare.Report(
-        compare.parse_args(["--results_dir", str(tmp_path), "--seeds", "2", "--tables", "main"])
+    chunk = report.Report(
+        cli.parse_args(["--results_dir", str(tmp_path), "--seeds", "2", "--tables", "main"])
     )
-    assert chunk.module_cells("en-de", "sinusoidal")[0] == "30.50 ± 0.71 (2 seeds)"  # seed 1 is reported too
-    report = compare.Report(args)
-    assert report.module_cells("en-de", "alibi") == ("not run yet", "not run yet")
-    assert report.current[stale] is False
-    assert report.module_cells("en-de", "sinusoidal") == (
-        "30.50 ± 0.71 (2 seeds)", "k = 4: 35 ± 7% of k = 1 BLEU, length ratio 0.56"
-    )  # fmt: skip
-    assert report.module_cells("en-de", "learned") == (
+    # seed 1 is reported too
+    assert readme.module_cells(chunk, "en-de", "sinusoidal")[0] == "30.50 ± 0.71 (2 seeds)"
+    results = report.Report(args)
+    assert readme.module_cells(results, "en-de", "alibi") == ("not run yet", "not run yet")
+    assert results.current[stale] is False
+    assert readme.module_cells(results, "en-de", "sinusoidal") == (
+        "30.50 ± 0.71 (2 seeds)",
+        "k = 4: 35 ± 7% of k = 1 BLEU, length ratio 0.56",
+    )
+    assert readme.module_cells(results, "en-de", "learned") == (
         "30.50 ± 0.71 (2 seeds, 1 degenerate)",
         "k = 4: cannot (>128 pos.)",
     )
-    assert report.module_cells("en-de", "shaw") == ("not run yet", "not run yet")
-    summary = report.summary("en-de")[0]  # a length-table row leads the length results, not the BLEU ones
+    assert readme.module_cells(results, "en-de", "shaw") == ("not run yet", "not run yet")
+    # a length-table row leads the length results, not the BLEU ones
+    summary = readme.summary(results, "en-de")[0]
     assert (
-        f"2 of {len(compare.TABLES['main'])} main-table systems measured (2 with 2 seeds)" in summary
+        f"2 of {len(tables.TABLES['main'])} main-table systems measured (2 with 2 seeds)" in summary
         and "best `sinusoidal` 30.50" in summary
     )
     assert (
@@ -195,43 +214,44 @@ def test_readme_length_cell_reads_k4_share_ratio_and_cannot(tmp_path):
     )
     # the machine line is rebuilt from the recorded fields (an older run's stored line may read differently)
     assert f"; {MACHINE.line()}, fp32 (6 runs))" in summary and ", 1 thread, " in summary
-    assert report.comparison("en-de", "learned", "shaw", [])[-1] == "no shaw run of these seeds"
+    assert results.comparison("en-de", "learned", "shaw", [])[-1] == "no shaw run of these seeds"
 
 
 def test_report_covers_every_pair_with_runs_and_names_the_ablation_tables_not_run(tmp_path):
     """A chunk that trained another pair (an En-Fr main table beside the En-De tables) is reported with the
     `--pairs` of a later chunk; an ablation table whose own rows have no run of a pair is named, not drawn."""
     flags = ["--results_dir", str(tmp_path), "--seeds", "1"]
-    args = compare.parse_args(flags)
-    for pair, system in (("en-de", "sinusoidal"), ("en-de", "rposnet-no-gating"), ("en-fr", "sinusoidal"),
-                         ("en-fr", "rposnet")):  # fmt: skip
-        run = compare.Run(args.recipe, pair, system, 1)
+    args = cli.parse_args(flags)
+    finished = [
+        ("en-de", "sinusoidal"),
+        ("en-de", "rposnet-no-gating"),
+        ("en-fr", "sinusoidal"),
+        ("en-fr", "rposnet"),
+    ]
+    for pair, system in finished:
+        run = runs.Run(args.recipe, pair, system, 1)
         run.folder(tmp_path).mkdir(parents=True)
         scores = {"bleu": 30.0, "steps": 1600, "hardware": MACHINE.as_dict(), "precision": "bf16"}
         (run.folder(tmp_path) / "scores.json").write_text(json.dumps(scores))
-        joined = [
-            {"k": 1, "bleu": 30.0, "cannot": None},
-            {"k": 4, "bleu": 6.0, "length_ratio": 0.5, "cannot": None},
-        ]
+        joined = [scored(1, 30.0), scored(4, 6.0, 0.5)]
         (run.folder(tmp_path) / "length_generalisation.json").write_text(json.dumps({"joined": joined}))
-        hypotheses = "\n".join(f"Phrase {i}." for i in range(120)).encode()
-        (run.folder(tmp_path) / f"test.hyp.{run.target_lang}.gz").write_bytes(gzip.compress(hypotheses))
-        (run.folder(tmp_path) / "settings.json").write_text(json.dumps(compare.run_settings(run, args)))
-    report = compare.Report(args)
-    assert report.pairs == ["en-de", "en-fr"]
-    assert report.shown_tables("en-de") == (
+        write_hypotheses(run, tmp_path, [f"Phrase {i}." for i in range(120)])
+        (run.folder(tmp_path) / "settings.json").write_text(json.dumps(runs.run_settings(run, args)))
+    results = report.Report(args)
+    assert results.pairs == ["en-de", "en-fr"]
+    assert results.shown_tables("en-de") == (
         ["main", "gating"],
-        [t for t in compare.TABLES if t not in ("main", "gating")],
+        [t for t in tables.TABLES if t not in ("main", "gating")],
     )
     # rposnet is a main-table system: its En-Fr run does not draw the gating table
-    assert report.shown_tables("en-fr") == (["main"], [t for t in compare.TABLES if t != "main"])
-    assert report.machines().endswith("bf16 (4 runs)")  # the report's header: every pair
-    assert report.machines(["en-fr"]).endswith("bf16 (2 runs)")  # a pair's summary: its own runs
-    assert compare.Report(compare.parse_args([*flags, "--pairs", "en-fr"])).pairs == ["en-fr", "en-de"]
-    readme = tmp_path / "README.md"
-    readme.write_text((compare.REPO / "README.md").read_text())
-    report.write_readme(readme, "en-de")
-    summary = readme.read_text().split(compare.SUMMARY_START)[1].split(compare.SUMMARY_END)[0]
+    assert results.shown_tables("en-fr") == (["main"], [t for t in tables.TABLES if t != "main"])
+    assert results.machines().endswith("bf16 (4 runs)")  # the report's header: every pair
+    assert results.machines(["en-fr"]).endswith("bf16 (2 runs)")  # a pair's summary: its own runs
+    assert report.Report(cli.parse_args([*flags, "--pairs", "en-fr"])).pairs == ["en-fr", "en-de"]
+    readme_path = tmp_path / "README.md"
+    readme_path.write_text((REPO / "README.md").read_text())
+    readme.write_readme(results, readme_path, "en-de")
+    summary = readme_path.read_text().split(readme.SUMMARY_START)[1].split(readme.SUMMARY_END)[0]
     assert [line.split(", test_2016_flickr")[0] for line in summary.strip().splitlines()] == [
         f"- Comparison of every module (`{args.recipe}`, {pair}" for pair in ("en-de", "en-fr")
     ]
@@ -241,7 +261,7 @@ def test_report_covers_every_pair_with_runs_and_names_the_ablation_tables_not_ru
 def test_verdicts_need_seed_noise_as_well_as_significance():
     """A gap is better/worse only beyond two seed standard deviations and with every seed's bootstrap
     significant; with a single seed of system and baseline no seed noise is known, so no call is made."""
-    verdict = compare.verdict
+    verdict = claims.verdict
     significant, not_significant = {"bleu": {"significance": True}}, {"bleu": {"significance": False}}
     assert verdict(None, [5.0], [5.0], []) == "baseline"
     assert verdict(+3.0, [8.0, 8.2], [5.0, 5.2], [significant] * 2) == "better"
@@ -250,28 +270,36 @@ def test_verdicts_need_seed_noise_as_well_as_significance():
     assert verdict(+3.0, [8.0, 8.2], [5.0, 5.2], [significant, not_significant]) == "tie"
     assert verdict(+4.8, [13.8], [9.0], [significant]) == "one seed"
     # one seed of the system: the baseline's noise alone decides, and the call says so
-    assert verdict(-3.0, [2.0], [5.0, 5.2], [significant]) == "worse" + compare.PROVISIONAL
-    assert verdict(+0.1, [5.2], [5.0, 5.2], [significant]) == "tie" + compare.PROVISIONAL
+    assert verdict(-3.0, [2.0], [5.0, 5.2], [significant]) == "worse" + claims.PROVISIONAL
+    assert verdict(+0.1, [5.2], [5.0, 5.2], [significant]) == "tie" + claims.PROVISIONAL
 
 
 @pytest.mark.parametrize(
     "expected, measured, call",
-    [("<", "worse", "reproduced"), ("<", "tie", "tie within noise"), ("<", "better", "not reproduced"),
-     ("≈", "tie", "reproduced"), ("≈", "worse", "not reproduced"), ("≥", "tie", "reproduced"),
-     ("≥", "better", "reproduced"), ("≤", "tie", "reproduced"), ("≤", "better", "not reproduced"),
-     (">", "one seed", "one seed (no call)"),
-     ("<", "worse" + compare.PROVISIONAL, "reproduced" + compare.PROVISIONAL),
-     ("≈", "worse" + compare.PROVISIONAL, "not reproduced" + compare.PROVISIONAL)],
-)  # fmt: skip
+    [
+        ("<", "worse", "reproduced"),
+        ("<", "tie", "tie within noise"),
+        ("<", "better", "not reproduced"),
+        ("≈", "tie", "reproduced"),
+        ("≈", "worse", "not reproduced"),
+        ("≥", "tie", "reproduced"),
+        ("≥", "better", "reproduced"),
+        ("≤", "tie", "reproduced"),
+        ("≤", "better", "not reproduced"),
+        (">", "one seed", "one seed (no call)"),
+        ("<", "worse" + claims.PROVISIONAL, "reproduced" + claims.PROVISIONAL),
+        ("≈", "worse" + claims.PROVISIONAL, "not reproduced" + claims.PROVISIONAL),
+    ],
+)
 def test_claim_verdicts(expected, measured, call):
-    assert compare.claim_verdict(expected, measured) == call
+    assert claims.claim_verdict(expected, measured) == call
 
 
 def test_runs_off_their_update_budget_or_trained_on_a_gpu_are_marked(tmp_path):
-    args = compare.parse_args(["--results_dir", str(tmp_path), "--seeds", "1", "2"])
+    args = cli.parse_args(["--results_dir", str(tmp_path), "--seeds", "1", "2"])
     gpu = Hardware("cuda", "a test GPU", "9.0", 1, "2.11.0+cu130")
     for seed, steps, machine in ((1, 1600, MACHINE), (2, 1601, gpu)):
-        run = compare.Run(args.recipe, "en-de", "sinusoidal", seed)
+        run = runs.Run(args.recipe, "en-de", "sinusoidal", seed)
         run.folder(tmp_path).mkdir(parents=True)
         scores = {
             "steps": steps,
@@ -279,10 +307,178 @@ def test_runs_off_their_update_budget_or_trained_on_a_gpu_are_marked(tmp_path):
             "averaged_checkpoints": ["checkpoint-1300", "checkpoint-1601"],
         }
         (run.folder(tmp_path) / "scores.json").write_text(json.dumps(scores))
-        (run.folder(tmp_path) / "settings.json").write_text(json.dumps(compare.run_settings(run, args)))
-    report, notes = compare.Report(args), {}
-    assert [report.marks(run, notes) for run in report.runs_of("en-de", "sinusoidal")] == ["", "†‡"]
+        (run.folder(tmp_path) / "settings.json").write_text(json.dumps(runs.run_settings(run, args)))
+    results, notes = report.Report(args), {}
+    assert [results.marks(run, notes) for run in results.runs_of("en-de", "sinusoidal")] == ["", "†‡"]
+    off_budget = "† 1601 updates against a budget of 1600, checkpoint-1300 to checkpoint-1601 averaged"
     assert notes == {
-        "† 1601 updates against a budget of 1600, checkpoint-1300 to checkpoint-1601 averaged": ["`sinusoidal` seed 2"],
+        off_budget: ["`sinusoidal` seed 2"],
         f"‡ trained on {gpu.line()}": ["`sinusoidal` seed 2"],
-    }  # fmt: skip
+    }
+
+
+def test_a_recipe_that_starts_naming_a_default_keeps_its_finished_runs(tmp_path):
+    """A field set to train.py's own default changes no run (the compare recipe's `schedule: fixed`); any other
+    change of the recipe makes a finished run one of another protocol."""
+    args = cli.parse_args(["--results_dir", str(tmp_path)])
+    run = runs.Run(args.recipe, "en-de", "sinusoidal", 1)
+    run.folder(tmp_path).mkdir(parents=True)
+    settings = runs.run_settings(run, args)
+    assert settings["recipe"]["schedule"] == "fixed"
+    recorded = {**settings, "recipe": {k: v for k, v in settings["recipe"].items() if k != "schedule"}}
+    (run.folder(tmp_path) / "settings.json").write_text(json.dumps(recorded))
+    assert runs.done(run, args)
+    recorded["recipe"]["warmup_steps"] = 150
+    (run.folder(tmp_path) / "settings.json").write_text(json.dumps(recorded))
+    assert not runs.done(run, args)
+
+
+# ------------------------------------------------------------------------------------------------------------
+# What the report refuses before it writes anything
+
+
+def finished_run(root, args, system="sinusoidal", seed=1) -> runs.Run:
+    """A finished run of the report's settings whose every file holds what the report reads."""
+    run = runs.Run(args.recipe, "en-de", system, seed)
+    folder = run.folder(root)
+    folder.mkdir(parents=True)
+    scores = {
+        "bleu": 30.0,
+        "chrf++": 55.0,
+        "parameters": 7577600,
+        "steps": 1600,
+        "test_pairs": 3,
+        "hardware": MACHINE.as_dict(),
+        "precision": "bf16",
+    }
+    (folder / "scores.json").write_text(json.dumps(scores))
+    rows = [{**scored(k, 30.0 / k, 1.0), "inputs": 3} for k in (1, 2)]
+    buckets = [{"bucket": "1-10", **scored(1, 30.0, 1.0), "inputs": 3}]
+    (folder / "length_generalisation.json").write_text(json.dumps({"joined": rows, "buckets": buckets}))
+    probe = {kind: {"equivariance_gap": 0.5, "bleu_vs_original": 20.0} for kind in ("shuffle", "local_swap")}
+    (folder / "word_order_probe.json").write_text(json.dumps({"sentences": 3, **probe}))
+    write_hypotheses(run, root, ["Ein Satz.", "Zwei Sätze.", "Drei."])
+    (folder / "settings.json").write_text(json.dumps(runs.run_settings(run, args)))
+    return run
+
+
+@pytest.fixture
+def untouched(tmp_path):
+    """(flags naming a report and a README in tmp_path, a check that neither was written)."""
+    page, readme_path = tmp_path / "docs" / "results.md", tmp_path / "README.md"
+    readme_path.write_text((REPO / "README.md").read_text())
+    before = readme_path.read_text()
+
+    def check():
+        assert not page.exists() and readme_path.read_text() == before
+
+    return ["--report", str(page), "--readme", str(readme_path)], check
+
+
+@pytest.mark.parametrize(
+    "folder, words",
+    [
+        ("typo", "typo does not exist: there is nothing to report"),
+        ("empty", "holds no finished run of recipe multi30k-en-de-compare"),
+        ("other_protocol", "none of the 1 finished runs under"),
+    ],
+)
+def test_report_only_refuses_a_results_dir_without_its_runs(tmp_path, untouched, folder, words):
+    """#45: `--report_only --results_dir <typo>` rewrote every table and the README's results to "not run"."""
+    flags, check = untouched
+    root = tmp_path / folder
+    if folder != "typo":
+        root.mkdir()
+    if folder == "other_protocol":
+        run = finished_run(root, cli.parse_args(["--results_dir", str(root)]))
+        settings = json.loads((run.folder(root) / "settings.json").read_text())
+        settings["length_k"] = [1, 2, 3]
+        (run.folder(root) / "settings.json").write_text(json.dumps(settings))
+    with pytest.raises(ValueError, match="nothing to report") as refused:
+        cli.main(["--report_only", "--results_dir", str(root), *flags])
+    assert words in str(refused.value) and str(root) in str(refused.value)
+    check()
+
+
+def test_compare_py_with_a_mistyped_results_dir_exits_2_with_one_line(tmp_path, untouched):
+    flags, check = untouched
+    typo = tmp_path / "resluts"
+    command = [
+        sys.executable,
+        str(REPO / "train_scripts" / "compare.py"),
+        "--report_only",
+        "--results_dir",
+        str(typo),
+    ]
+    completed = subprocess.run([*command, *flags], capture_output=True, text=True, timeout=300)
+    assert completed.returncode == 2
+    assert f"compare.py: error: --results_dir {typo} does not exist" in completed.stderr
+    assert "Traceback" not in completed.stderr
+    check()
+
+
+def corrupt_gzip(path):
+    path.write_bytes(path.read_bytes()[:-12])
+
+
+@pytest.mark.parametrize(
+    "name, damage, words",
+    [
+        ("scores.json", lambda path: path.write_text('{"bleu": 30.0,'), "scores.json: not JSON"),
+        ("scores.json", lambda path: path.write_text("[30.0]"), "the file is [30.0], must be an object"),
+        ("scores.json", {"bleu": "30.0"}, "scores.json: 'bleu' is \"30.0\", must be a number"),
+        ("scores.json", {"chrf++": None}, "'chrf++' is null, must be a number"),
+        ("scores.json", {"hardware": {"device": "cpu"}}, "scores.json: hardware 'name' is missing"),
+        ("scores.json", {"test_pairs": 1000}, "3 translations, but scores.json has 1000 test pairs"),
+        ("length_generalisation.json", {"buckets": None}, "'buckets' is null, must be a list"),
+        (
+            "length_generalisation.json",
+            {"joined": [{"k": "1"}]},
+            "joined[0] 'k' is \"1\", must be a whole number",
+        ),
+        (
+            "word_order_probe.json",
+            {"local_swap": {"equivariance_gap": 0.1}},
+            "local_swap 'bleu_vs_original' is missing",
+        ),
+        (
+            "settings.json",
+            {"recipe": "multi30k-en-de-compare"},
+            "'recipe' is \"multi30k-en-de-compare\", must be an object",
+        ),
+        ("test.hyp.de.gz", corrupt_gzip, "test.hyp.de.gz: unreadable"),
+        ("test.hyp.de.gz", lambda path: path.unlink(), "test.hyp.de.gz: missing"),
+    ],
+)
+def test_a_damaged_results_file_is_named_before_anything_is_written(tmp_path, untouched, name, damage, words):
+    """#45: a corrupt scores.json gave no file name, or a TypeError minutes into the report. Every results file is
+    checked up front; the error names the file and what is wrong."""
+    flags, check = untouched
+    root = tmp_path / "results"
+    args = cli.parse_args(["--results_dir", str(root)])
+    run = finished_run(root, args)
+    path = run.folder(root) / name
+    if callable(damage):
+        damage(path)
+    else:
+        path.write_text(json.dumps({**json.loads(path.read_text()), **damage}))
+    for mode in (["--report_only"], ["--systems", "sinusoidal", "--seeds", "1"]):  # before any training too
+        with pytest.raises(ValueError, match="problems? in the results under") as refused:
+            cli.main([*mode, "--results_dir", str(root), *flags])
+        assert words in str(refused.value) and str(path.parent) in str(refused.value)
+    check()
+
+
+def test_sound_results_pass_and_a_readme_without_its_markers_is_refused_first(tmp_path, untouched):
+    """The README is written only when --readme names it, and one the report could not update is refused before
+    any work."""
+    flags, check = untouched
+    root = tmp_path / "results"
+    finished_run(root, cli.parse_args(["--results_dir", str(root)]))
+    assert check_results(root, cli.COMPARISON_RECIPE) == 1
+    assert cli.parse_args([]).readme is None
+    bare = tmp_path / "bare.md"
+    bare.write_text("# a README without the module table\n")
+    with pytest.raises(ValueError, match=f"--readme {bare} lacks the lines"):
+        cli.main(["--report_only", "--results_dir", str(root), "--report", flags[1], "--readme", str(bare)])
+    check()

@@ -13,8 +13,8 @@ from transformers.cache_utils import DynamicCache
 from benchmarks.harness import MODEL_SIZES
 from hf_posenc import MarianPosEncConfig, MarianPosEncForConditionalGeneration, PosEncCache
 from hf_posenc.base import PositionContext
-from hf_posenc.pipeline.systems import comparison_tables
 from hf_posenc.posenc_recurrent import CELLS, RECURRENCES, MPRHeadPositionEncoding, RPEHeadPositionEncoding
+from hf_posenc.study.tables import comparison_tables
 
 LAYOUTS = {"rpe_head": RPEHeadPositionEncoding, "mpr_head": MPRHeadPositionEncoding}
 
@@ -425,9 +425,9 @@ def test_parameter_overhead_over_sinusoidal_in_the_base_model_is_below_the_paper
 
 
 def test_the_d_r_sweep_rows_are_valid_models_of_the_cpu_comparison():
-    """comparison_rows["rpe_dim"] (paper 3 Fig. 2 at half width): every row builds at d_model 256 with 4 heads of 64,
-    and each layout's sweep brackets its default d_r there (the paper's best, scaled; that row is the main
-    system)."""
+    """The comparison's rpe_dim table (paper 3 Fig. 2 at half width): every row builds at d_model 256 with 4
+    heads of 64, and each layout's sweep brackets its default d_r there (the paper's best, scaled; that row is
+    the main system)."""
     rows = comparison_tables()["rpe_dim"][1:]  # after the sinusoidal baseline
     small = dict(MODEL_SIZES["small"], max_position_embeddings=256)
     for layout, encoding in LAYOUTS.items():

@@ -1,7 +1,7 @@
 """Adding a module is its file and its registry entry: everything that lists modules reads the registry and
 the module's own metadata. Proved on a copy of the package with a toy encoding added and nothing else
-changed: its config field, main system, variant, comparison row, benchmark systems, conformance variants,
-model-card entry, position panel and departures from the paper all appear."""
+changed: its config field, main system (in the comparison's main table), variant, benchmark systems, conformance
+variants, model-card entry, position panel and departures from the paper all appear."""
 
 import json
 import os
@@ -27,7 +27,6 @@ TOY_FILE = textwrap.dedent(
         citations = ("Nobody 2026. A Toy Position Encoding. Nowhere.",)
         hyperparameters = {"toy_scale": Hyperparameter(float, 0.5, "how much of the position to add", minimum=0.0)}
         variants = {"big": {"toy_scale": 2.0}}
-        comparison_rows = {"length": {"toy-small": {"toy_scale": 0.1}}}
 
         def embed(self, inputs_embeds, context, padding_mask, cache):
             ramp = context.query_positions[..., None].to(inputs_embeds.dtype) / self.config.max_position_embeddings
@@ -49,7 +48,8 @@ CHECK = textwrap.dedent(
     from hf_posenc import MarianPosEncConfig, MarianPosEncForConditionalGeneration
     from hf_posenc.analysis.position_plots import position_panels
     from hf_posenc.pipeline.model_card import module_sources
-    from hf_posenc.pipeline.systems import benchmark_systems, comparison_tables, conformance_variants, paper_deviations
+    from hf_posenc.pipeline.systems import benchmark_systems, conformance_variants, paper_deviations
+    from hf_posenc.study.tables import comparison_tables
 
     config = MarianPosEncConfig(position_encoding="toy", toy_scale=0.25, vocab_size=20, d_model=16, encoder_layers=1,
                                 decoder_layers=1, encoder_attention_heads=2, decoder_attention_heads=2,
@@ -68,7 +68,6 @@ CHECK = textwrap.dedent(
         "negative_rejected": rejected,
         "logits": list(logits.shape),
         "main": [s.name for s in tables["main"]],
-        "length": [s.name for s in tables["length"]],
         "benchmarks": [s.name for s in benchmark_systems()],
         "conformance": [name for name, _ in conformance_variants()],
         "card": module_sources({"encoder_position_encoding": "toy"}),
@@ -99,7 +98,7 @@ def test_a_toy_module_added_by_its_file_and_registry_entry_appears_everywhere(tm
     seen = json.loads(completed.stdout.strip().splitlines()[-1])
     assert seen["config_field"] == 0.25 and seen["default"] == 0.5 and seen["negative_rejected"]
     assert seen["logits"] == [1, 2, 20]
-    assert "toy" in seen["main"] and "toy-small" in seen["length"]
+    assert "toy" in seen["main"]
     assert {"toy", "toy-big"} <= set(seen["benchmarks"])
     assert {"pe-toy", "toy-big"} <= set(seen["conformance"])
     lines, citations = seen["card"]

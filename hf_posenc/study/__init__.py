@@ -1,0 +1,11 @@
+"""The comparison of every positional module (`train_scripts/compare.py`, docs/results.md), apart from the library
+and the model: no model file imports it, and it knows the modules only through the registries
+(`hf_posenc.pipeline.systems`).
+
+    tables.py   the systems: the main table from the registries, the ablation tables' rows, the reference system
+    claims.py   the papers' claims as relations between two systems, and the verdicts
+    runs.py     a run (system, pair, seed): planning, training and measuring in a process of its own, recording
+    results.py  the recorded results: checked up front, read for the report
+    report.py   docs/results.md; length.py its length-generalisation section; readme.py the README's results
+    cli.py      the command line
+"""
