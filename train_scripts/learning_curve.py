@@ -51,13 +51,21 @@ def last_fifth_change(points: list[dict], step: int) -> float | None:
     return loss_at(points, step) / loss_at(points, 0.8 * step) - 1
 
 
+COLUMNS = ["updates", "minutes", "validation loss", "change over the last fifth", "validation BLEU (greedy)"]
+
+
 def table(points: list[dict], log_text: str) -> str:
-    rows = ["| updates | minutes | validation loss | change over the last fifth | validation BLEU (greedy) |",
-            "| --- | --- | --- | --- | --- |"]  # fmt: skip
+    rows = ["| " + " | ".join(COLUMNS) + " |", "|" + " --- |" * len(COLUMNS)]
     for point in points:
         minutes, change = elapsed_minutes(log_text, point["step"]), last_fifth_change(points, point["step"])
-        rows.append(f"| {point['step']} | {'' if minutes is None else f'{minutes:.1f}'} | {point['eval_loss']:.3f} | "
-                    f"{'' if change is None else f'{100 * change:+.1f}%'} | {point.get('eval_bleu', float('nan')):.2f} |")  # fmt: skip
+        cells = [
+            str(point["step"]),
+            "" if minutes is None else f"{minutes:.1f}",
+            f"{point['eval_loss']:.3f}",
+            "" if change is None else f"{100 * change:+.1f}%",
+            f"{point.get('eval_bleu', float('nan')):.2f}",
+        ]
+        rows.append("| " + " | ".join(cells) + " |")
     return "\n".join(rows)
 
 
