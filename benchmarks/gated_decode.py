@@ -2,7 +2,7 @@
 
 Both models use the same config (`MODEL_SIZES["small"]` of benchmarks.harness unless --base; vocabulary
 8000); rPosNet replaces encoder and decoder self-attention, folded with `precompute_position_attention()`.
-Every run generates exactly --new-tokens tokens (min = max), so tokens/s compare like with like; ratios are
+Every run generates exactly --new_tokens tokens (min = max), so tokens/s compare like with like; ratios are
 taken in one process, median of interleaved repeats. benchmarks/run.py measures the same for every registered
 module against stock MarianMTModel.
 
@@ -27,10 +27,10 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--base", action="store_true", help="paper base size (d512, 6+6) instead of small")
-    parser.add_argument("--batch-sizes", nargs="+", type=int, default=[1, 32])
+    parser.add_argument("--batch_sizes", nargs="+", type=int, default=[1, 32])
     parser.add_argument("--beams", nargs="+", type=int, default=[1, 4])
-    parser.add_argument("--source-length", type=int, default=24)
-    parser.add_argument("--new-tokens", type=int, default=24)
+    parser.add_argument("--source_length", type=int, default=24)
+    parser.add_argument("--new_tokens", type=int, default=24)
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)

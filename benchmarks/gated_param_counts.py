@@ -32,8 +32,8 @@ def self_attention_parameters(model) -> int:
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--vocab-size", type=int, default=44000)
-    parser.add_argument("--max-positions", type=int, default=128)
+    parser.add_argument("--vocab_size", type=int, default=44000)
+    parser.add_argument("--max_positions", type=int, default=128)
     args = parser.parse_args()
     fields = dict(MODEL_SIZES["base"], vocab_size=args.vocab_size, max_position_embeddings=args.max_positions)
     print("| model | paper 2 Table 2 | ours (training) | ours (pre-computed) |")

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
-from transformers import LogitsProcessor, LogitsProcessorList, MarianConfig, MarianMTModel
+from transformers import LogitsProcessor, LogitsProcessorList, MarianMTModel
 
 from hf_posenc.configuration_marian_posenc import MarianPosEncConfig
 from hf_posenc.modeling_marian_posenc import MarianPosEncForConditionalGeneration
@@ -55,23 +55,13 @@ MODEL_SIZES = {
         vocab_size=40000,
     ),
 }
-# The fields of the Marian models of this project that MarianConfig's defaults (opus-mt) set differently; the
-# stock baseline and our models get the same ones, so they differ only in their positional modules.
-MARIAN_FIELDS = dict(
-    scale_embedding=True,
-    activation_function="relu",
-    pad_token_id=0,
-    decoder_start_token_id=0,
-    eos_token_id=1,
-    forced_eos_token_id=1,
-)
 
 
 def build_model(base_fields: dict, overrides: dict | None, device, seed: int = 0, precomputed: bool = False):
     """The model of a system in training mode: same fields and seed for every system."""
     torch.manual_seed(seed)
-    if overrides is None:
-        model = MarianMTModel(MarianConfig(**base_fields))
+    if overrides is None:  # the stock baseline: MarianPosEncConfig's Marian fields (token ids, relu, scaling)
+        model = MarianMTModel(MarianPosEncConfig(**base_fields).to_marian_config())
     else:
         model = MarianPosEncForConditionalGeneration(MarianPosEncConfig(**{**base_fields, **overrides}))
         if precomputed:

@@ -10,10 +10,10 @@ position encoding of `hf_posenc.POSITION_ENCODINGS` (both stacks), every token m
 attention stays content attention, as in paper 2's models) and, for mixers that can fold their position-only
 energies, `<mixer>_precomputed` (inference only). Measured, with systems interleaved and the median of
 --repeats: training-step target tokens/s (fwd+bwd+AdamW) and memory per length, paper 1's forward benchmark
-(one fixed batch forwarded 10×), greedy and beam-4 generation tokens/s (exactly --new-tokens per sequence),
+(one fixed batch forwarded 10×), greedy and beam-4 generation tokens/s (exactly --new_tokens per sequence),
 per-token decoding time vs prefix length, parameter counts, and the model FLOPs utilisation (MFU) of the
 training step: FLOPs counted by torch's FlopCounterMode per second, over the dense matmul peak of the
-measured precision *measured on this machine* with the same threads (--peak-tflops gives a datasheet peak
+measured precision *measured on this machine* with the same threads (--peak_tflops gives a datasheet peak
 instead, e.g. on a GPU). Writes <output>/benchmarks.md (ratios vs stock Marian, machine, versions, date,
 command, targets), benchmarks_*.png and benchmarks.json.
 """
@@ -34,7 +34,6 @@ import torch
 import transformers
 
 from benchmarks.harness import (
-    MARIAN_FIELDS,
     MODEL_SIZES,
     benchmark_training_steps,
     build_system,
@@ -51,7 +50,7 @@ from hf_posenc.pipeline.systems import System, benchmark_systems
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402  (after selecting the file-only backend)
 
-BASELINE = "marian"
+STOCK_MARIAN = "marian"
 NOTES_MARKER = "<!-- Everything below this line is kept when benchmarks/run.py rewrites this file. -->"
 # The issue's CPU targets: (system, metric, threshold, higher is better). Metrics are defined in `metric`.
 TARGETS = [
@@ -73,7 +72,7 @@ DECODE_GROWTH_LIMIT = 1.2
 
 
 def registered_systems() -> list[System]:
-    return [System(BASELINE, None), *benchmark_systems()]
+    return [System(STOCK_MARIAN, None), *benchmark_systems()]
 
 
 def describe(system: System) -> str:
@@ -88,42 +87,52 @@ def parse_args(argv):
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--systems", nargs="+", help=f"subset (the baseline {BASELINE!r} is always added)")
+    parser.add_argument(
+        "--systems", nargs="+", help=f"subset (the baseline {STOCK_MARIAN!r} is always added)"
+    )
     parser.add_argument("--config", choices=sorted(MODEL_SIZES), default="small")
     parser.add_argument(
         "--lengths", nargs="+", type=int, help="training lengths (default 32 128 512, +1024 on GPU)"
     )
-    parser.add_argument("--forward-lengths", nargs="+", type=int, help="default: the training lengths")
-    parser.add_argument("--tokens-per-batch", type=int, default=4096, help="target tokens per training batch")
+    parser.add_argument("--forward_lengths", nargs="+", type=int, help="default: the training lengths")
+    parser.add_argument("--tokens_per_batch", type=int, default=4096, help="target tokens per training batch")
     parser.add_argument(
-        "--forward-times", type=int, default=10, help="forwards per measurement (paper 1: 10)"
+        "--forward_times", type=int, default=10, help="forwards per measurement (paper 1: 10)"
     )
-    parser.add_argument("--generation-batch-sizes", nargs="+", type=int, default=[1, 32])
+    parser.add_argument("--generation_batch_sizes", nargs="+", type=int, default=[1, 32])
     parser.add_argument("--beams", nargs="+", type=int, default=[1, 4])
-    parser.add_argument("--source-length", type=int, default=24)
+    parser.add_argument("--source_length", type=int, default=24)
     parser.add_argument(
-        "--new-tokens", type=int, default=24, help="tokens generated per sequence (min = max)"
+        "--new_tokens", type=int, default=24, help="tokens generated per sequence (min = max)"
     )
-    parser.add_argument("--decode-prefixes", nargs="+", type=int, default=[10, 25, 50, 100, 200, 400])
+    parser.add_argument("--decode_prefixes", nargs="+", type=int, default=[10, 25, 50, 100, 200, 400])
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--device", default="cpu")
-    parser.add_argument("--precision", choices=["auto", "bf16", "fp32"], default="auto",
-                        help="auto: bf16 where measured faster on this machine (CUDA: where supported)")  # fmt: skip
-    parser.add_argument("--attention_backend", choices=["auto", "eager", "sdpa"], default="auto",
-                        help="every system's attention kernel; auto: the faster, measured")  # fmt: skip
+    parser.add_argument(
+        "--precision",
+        choices=["auto", "bf16", "fp32"],
+        default="auto",
+        help="auto: bf16 where measured faster on this machine (CUDA: where supported)",
+    )
+    parser.add_argument(
+        "--attention_backend",
+        choices=["auto", "eager", "sdpa"],
+        default="auto",
+        help="every system's attention kernel; auto: the faster, measured",
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
-        "--peak-tflops",
+        "--peak_tflops",
         type=float,
         help="the device's peak dense TFLOP/s in the measured precision (e.g. 989 for H100 SXM bf16), the "
         "denominator of the training step's model FLOPs utilisation; default: a dense matmul of that precision "
         "measured on this machine",
     )
     parser.add_argument(
-        "--max-positions", type=int, help="max_position_embeddings (default: the longest length measured)"
+        "--max_positions", type=int, help="max_position_embeddings (default: the longest length measured)"
     )
-    parser.add_argument("--output-dir", type=Path, default=Path("docs"))
+    parser.add_argument("--output_dir", type=Path, default=Path("docs"))
     args = parser.parse_args(argv)
     size = MODEL_SIZES[args.config]
     args.precision_choice = choose_precision(
@@ -151,7 +160,7 @@ def select_systems(names: list[str] | None) -> list[System]:
     unknown = [name for name in names if name not in known]
     if unknown:
         raise SystemExit(f"unknown systems {unknown}; known: {', '.join(known)}")
-    return [known[BASELINE]] + [known[name] for name in dict.fromkeys(names) if name != BASELINE]
+    return [known[STOCK_MARIAN]] + [known[name] for name in dict.fromkeys(names) if name != STOCK_MARIAN]
 
 
 def model_fields(args, systems: list[System]) -> dict:
@@ -161,9 +170,7 @@ def model_fields(args, systems: list[System]) -> dict:
     longest = max(max(args.lengths) + shift, *args.forward_lengths, args.source_length, decoder_longest)
     # The longest position any measurement reaches, unless given: modules with position tables (learned, PosNet,
     # LinearNet, folded aPosNet/rPosNet) grow with it, and no system should pay for positions it never sees.
-    fields = dict(
-        MODEL_SIZES[args.config], **MARIAN_FIELDS, max_position_embeddings=args.max_positions or longest
-    )
+    fields = dict(MODEL_SIZES[args.config], max_position_embeddings=args.max_positions or longest)
     fields["attn_implementation"] = args.attention_choice.backend  # every system's, stock Marian's too
     return fields
 
@@ -195,11 +202,11 @@ def measure_training(systems, fields, args, dtype) -> dict:
 
 
 def peak_flops(args) -> dict:
-    """The MFU denominator: --peak-tflops when given, else the measured dense matmul FLOP/s of the benchmark's
+    """The MFU denominator: --peak_tflops when given, else the measured dense matmul FLOP/s of the benchmark's
     precision with its threads (measured after the systems' training steps, on a warm machine)."""
     precision = "bf16" if args.bf16 else "fp32"
     if args.peak_tflops is not None:
-        return {"flops": args.peak_tflops * 1e12, "source": f"given (--peak-tflops {args.peak_tflops})"}
+        return {"flops": args.peak_tflops * 1e12, "source": f"given (--peak_tflops {args.peak_tflops})"}
     flops = matmul_peak_flops(precision, args.device)
     source = f"measured: dense {precision} matmul on this machine, {torch.get_num_threads()} thread(s)"
     return {"flops": flops, "source": source}
@@ -214,7 +221,7 @@ def measure_forward(systems, fields, args, dtype) -> dict:
     for length in args.forward_lengths:
         models = eval_models(systems, fields, args)
         batch = synthetic_batch(
-            models[BASELINE].config, max(1, args.tokens_per_batch // length), length, args.device
+            models[STOCK_MARIAN].config, max(1, args.tokens_per_batch // length), length, args.device
         )
         work = {
             name: forward_repeated(m, batch, args.forward_times, args.device, dtype)
@@ -230,7 +237,7 @@ def measure_generation(models, args, dtype) -> dict:
     generator = torch.Generator().manual_seed(args.seed)
     for batch_size in args.generation_batch_sizes:
         source = torch.randint(
-            2, models[BASELINE].config.vocab_size, (batch_size, args.source_length), generator=generator
+            2, models[STOCK_MARIAN].config.vocab_size, (batch_size, args.source_length), generator=generator
         )
         source = source.to(args.device)
         for beams in args.beams:
@@ -258,7 +265,7 @@ def measure_decode_steps(models, args, dtype) -> dict:
     """Milliseconds per greedy step (batch 1) at each prefix: fastest repeat, median over a window of steps."""
     generator = torch.Generator().manual_seed(args.seed)
     source = torch.randint(
-        2, models[BASELINE].config.vocab_size, (1, args.source_length), generator=generator
+        2, models[STOCK_MARIAN].config.vocab_size, (1, args.source_length), generator=generator
     )
     source = source.to(args.device)
     new_tokens = decode_new_tokens(args)
@@ -295,7 +302,7 @@ def metric(results: dict, system: str, name: str, args) -> tuple[float, float] |
         table, higher = results["generation"], True
     if any(system + key not in table for key in keys):
         return None
-    ratios = [table[system + key] / table[BASELINE + key] for key in keys]
+    ratios = [table[system + key] / table[STOCK_MARIAN + key] for key in keys]
     return geometric_mean(ratios), (min(ratios) if higher else max(ratios))
 
 
@@ -303,7 +310,7 @@ def decode_growth(results: dict, system: str, args) -> float:
     """Per-token time at the longest prefix over the shortest, relative to the same growth of the baseline."""
     steps, first, last = results["decode_ms"], min(args.decode_prefixes), max(args.decode_prefixes)
     growth = steps[f"{system}@{last}"] / steps[f"{system}@{first}"]
-    return growth / (steps[f"{BASELINE}@{last}"] / steps[f"{BASELINE}@{first}"])
+    return growth / (steps[f"{STOCK_MARIAN}@{last}"] / steps[f"{STOCK_MARIAN}@{first}"])
 
 
 def ratio_row(name: str, table: dict, keys: list[str], invert: bool = False) -> str:
@@ -312,7 +319,7 @@ def ratio_row(name: str, table: dict, keys: list[str], invert: bool = False) -> 
         if f"{name}@{key}" not in table:
             cells.append("n/a")
             continue
-        ratio = table[f"{name}@{key}"] / table[f"{BASELINE}@{key}"]
+        ratio = table[f"{name}@{key}"] / table[f"{STOCK_MARIAN}@{key}"]
         cells.append(f"{1 / ratio if invert else ratio:.2f}")
     return f"| {name} | " + " | ".join(cells) + " |"
 
@@ -376,7 +383,7 @@ def targets_section(results: dict, systems: list[System], args) -> list[str]:
             f"(worst {worst:.2f})"
         )
     first, last = min(args.decode_prefixes), max(args.decode_prefixes)
-    growth = {s.name: decode_growth(results, s.name, args) for s in systems if s.name != BASELINE}
+    growth = {s.name: decode_growth(results, s.name, args) for s in systems if s.name != STOCK_MARIAN}
     if growth:
         missed = [f"{name} {value:.2f}×" for name, value in growth.items() if value > DECODE_GROWTH_LIMIT]
         worst = max(growth, key=growth.get)
@@ -391,7 +398,7 @@ def targets_section(results: dict, systems: list[System], args) -> list[str]:
 
 def line_style(index: int, system: System) -> dict:
     """The baseline bold black; the others cycle colours, then line styles (about 20 systems share a plot)."""
-    if system.name == BASELINE:
+    if system.name == STOCK_MARIAN:
         return dict(color="black", linewidth=2.5)
     return dict(linewidth=1, linestyle=("-", "--", ":")[(index - 1) // 10 % 3])
 
@@ -407,7 +414,7 @@ def write_plots(results: dict, systems: list[System], args) -> list[str]:
             (axes[1], {k: 1 / v for k, v in results["forward_seconds"].items()}, args.forward_lengths),
         ):
             points = [
-                (n, measured[f"{system.name}@{n}"] / measured[f"{BASELINE}@{n}"])
+                (n, measured[f"{system.name}@{n}"] / measured[f"{STOCK_MARIAN}@{n}"])
                 for n in lengths
                 if f"{system.name}@{n}" in measured  # inference-only systems have no training numbers
             ]
@@ -476,7 +483,7 @@ def write_markdown(results: dict, systems: list[System], fields: dict, args, com
             ["system", "what", "parameters", "ratio"],
             [
                 f"| {s.name} | {describe(s)} | {results['parameters'][s.name]:,} | "
-                f"{results['parameters'][s.name] / results['parameters'][BASELINE]:.3f} |"
+                f"{results['parameters'][s.name] / results['parameters'][STOCK_MARIAN]:.3f} |"
                 for s in systems
             ],
         ),
@@ -502,7 +509,7 @@ def write_markdown(results: dict, systems: list[System], fields: dict, args, com
         "",
         "Stock Marian absolute: "
         + ", ".join(
-            f"L={n}: {train[f'{BASELINE}@{n}']:,.0f} tok/s, {memory[f'{BASELINE}@{n}'] / 2**20:,.0f} MiB"
+            f"L={n}: {train[f'{STOCK_MARIAN}@{n}']:,.0f} tok/s, {memory[f'{STOCK_MARIAN}@{n}'] / 2**20:,.0f} MiB"
             for n in args.lengths
         ),
         "",
@@ -537,7 +544,7 @@ def write_markdown(results: dict, systems: list[System], fields: dict, args, com
         "",
         "Stock Marian absolute: "
         + ", ".join(
-            f"b{b} k{k}: {results['generation'][f'{BASELINE}@b{b}k{k}']:,.0f} tok/s"
+            f"b{b} k{k}: {results['generation'][f'{STOCK_MARIAN}@b{b}k{k}']:,.0f} tok/s"
             for b in args.generation_batch_sizes
             for k in args.beams
         ),
@@ -596,9 +603,12 @@ def main(argv=None):
 
     phase("training", measure_training, systems, fields)
     peak, mfu = results["training"]["peak"], results["training"]["mfu"]
-    print(f"[bench] peak {peak['flops'] / 1e12:.3g} TFLOP/s ({peak['source']}); {BASELINE} MFU "
-          + ", ".join(f"L={n}: {100 * mfu[f'{BASELINE}@{n}']:.1f}%" for n in args.lengths),
-          file=sys.stderr, flush=True)  # fmt: skip
+    print(
+        f"[bench] peak {peak['flops'] / 1e12:.3g} TFLOP/s ({peak['source']}); {STOCK_MARIAN} MFU "
+        + ", ".join(f"L={n}: {100 * mfu[f'{STOCK_MARIAN}@{n}']:.1f}%" for n in args.lengths),
+        file=sys.stderr,
+        flush=True,
+    )
     phase("forward_seconds", measure_forward, systems, fields)
     models = eval_models(systems, fields, args)
     phase("generation", measure_generation, models)

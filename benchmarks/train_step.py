@@ -17,7 +17,6 @@ import torch
 import transformers
 
 from benchmarks.harness import (
-    MARIAN_FIELDS,
     MODEL_SIZES,
     benchmark_training_steps,
     build_model,
@@ -86,8 +85,12 @@ def main():
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--device", default="cpu")
-    parser.add_argument("--precision", choices=["auto", "bf16", "fp32"], default="auto",
-                        help="auto: bf16 where measured faster on this machine")  # fmt: skip
+    parser.add_argument(
+        "--precision",
+        choices=["auto", "bf16", "fp32"],
+        default="auto",
+        help="auto: bf16 where measured faster on this machine",
+    )
     parser.add_argument(
         "--max_positions", type=int, help="max_position_embeddings (default: 1024 or the longest length)"
     )
@@ -104,7 +107,6 @@ def main():
     variants = dict(parse_variant(v) for v in [args.baseline, *args.variants])
     base = dict(
         size,
-        **MARIAN_FIELDS,
         max_position_embeddings=args.max_positions or max(1024, max(args.lengths)),
         dropout=0.1,
     )

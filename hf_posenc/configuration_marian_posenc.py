@@ -162,6 +162,16 @@ class MarianPosEncConfig(MarianConfig, ModuleHyperparameters):
                 )
         return loaded
 
+    def to_marian_config(self) -> MarianConfig:
+        """The stock `MarianConfig` of the same sizes, token ids and Marian fields: what `MarianMTModel` computes
+        with this config's sinusoids and content attention (the baseline the tools train and benchmark)."""
+        fields = {
+            key: value
+            for key, value in self.to_dict().items()
+            if key in MarianConfig.__dataclass_fields__ and key not in ("architectures", "dtype")
+        }
+        return MarianConfig(**fields, attn_implementation=self._attn_implementation)
+
     def check_choices(self) -> None:
         """Raise a ValueError naming the bad value and the allowed ones. Runs when the config is built and again
         when a model is built from it (fields may have been set in between)."""

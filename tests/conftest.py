@@ -71,8 +71,13 @@ def decode_with_cache(model, encoder_outputs, mask, target, prefill: int = 1) ->
     token per call; (B, T, V), to compare with the full forward."""
     steps, cache = [], None
     for start, end in [(0, prefill), *((p, p + 1) for p in range(prefill, target.shape[1]))]:
-        out = model(encoder_outputs=encoder_outputs, attention_mask=mask, decoder_input_ids=target[:, start:end],
-                    past_key_values=cache, use_cache=True)  # fmt: skip
+        out = model(
+            encoder_outputs=encoder_outputs,
+            attention_mask=mask,
+            decoder_input_ids=target[:, start:end],
+            past_key_values=cache,
+            use_cache=True,
+        )
         cache = out.past_key_values
         steps.append(out.logits)
     return torch.cat(steps, dim=1)

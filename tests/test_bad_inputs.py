@@ -87,11 +87,14 @@ def test_bad_train_flags_are_refused_by_the_parser_naming_the_flag(flags, words,
 
 @pytest.mark.parametrize(
     "recipe, words",
-    [("d_model: [1\n", ["is not valid YAML"]), ("- 128\n- 256\n", ["must be a mapping of settings, got a list"]),
-     ("d_model: 64\nlearnig_rate: 0.1\n", ["unknown keys ['learnig_rate']"]),
-     ("extends: bad\n", ["extends itself"])],
+    [
+        ("d_model: [1\n", ["is not valid YAML"]),
+        ("- 128\n- 256\n", ["must be a mapping of settings, got a list"]),
+        ("d_model: 64\nlearnig_rate: 0.1\n", ["unknown keys ['learnig_rate']"]),
+        ("extends: bad\n", ["extends itself"]),
+    ],
     ids=["invalid-yaml", "a-list", "unknown-key", "extends-itself"],
-)  # fmt: skip
+)
 def test_bad_recipes_name_the_recipe_file(recipe, words, tmp_path, monkeypatch, capsys):
     (tmp_path / "bad.yaml").write_text(recipe)
     monkeypatch.setattr(arguments, "RECIPES", tmp_path)
@@ -104,17 +107,22 @@ def test_bad_recipes_name_the_recipe_file(recipe, words, tmp_path, monkeypatch, 
 
 @pytest.mark.parametrize(
     "fields, words",
-    [({"posnet_dimm": 3}, ["unknown MarianPosEncConfig fields: 'posnet_dimm' (did you mean 'posnet_dim'?)"]),
-     ({"encoder_layers": 0}, ["encoder_layers=0 must be a positive integer"]),
-     ({"decoder_ffn_dim": 0}, ["decoder_ffn_dim=0 must be a positive integer"]),
-     ({"d_model": -4}, ["d_model=-4 must be a positive integer"]),
-     ({"vocab_size": -1}, ["vocab_size=-1 must be a positive integer"]),
-     ({"dropout": 1.5}, ["dropout=1.5 must be in [0, 1)"]),
-     ({"posnet_dim": 0}, ["posnet_dim=0 must be >= 1"]),
-     ({"rpe_cell": "transformer"}, ["rpe_cell='transformer' is not known; allowed values: rnn"]),
-     ({"shape_max_shift": -1}, ["shape_max_shift=-1 must be >= 0"])],
+    [
+        (
+            {"posnet_dimm": 3},
+            ["unknown MarianPosEncConfig fields: 'posnet_dimm' (did you mean 'posnet_dim'?)"],
+        ),
+        ({"encoder_layers": 0}, ["encoder_layers=0 must be a positive integer"]),
+        ({"decoder_ffn_dim": 0}, ["decoder_ffn_dim=0 must be a positive integer"]),
+        ({"d_model": -4}, ["d_model=-4 must be a positive integer"]),
+        ({"vocab_size": -1}, ["vocab_size=-1 must be a positive integer"]),
+        ({"dropout": 1.5}, ["dropout=1.5 must be in [0, 1)"]),
+        ({"posnet_dim": 0}, ["posnet_dim=0 must be >= 1"]),
+        ({"rpe_cell": "transformer"}, ["rpe_cell='transformer' is not known; allowed values: rnn"]),
+        ({"shape_max_shift": -1}, ["shape_max_shift=-1 must be >= 0"]),
+    ],
     ids=lambda value: next(iter(value)) if isinstance(value, dict) else "",
-)  # fmt: skip
+)
 def test_bad_config_values_fail_when_the_config_is_built(fields, words):
     with pytest.raises(ValueError) as error:
         MarianPosEncConfig(**fields)
@@ -138,12 +146,21 @@ def test_bad_model_inputs_are_named():
     cases = [
         (dict(input_ids=torch.zeros(0, 5, dtype=torch.long), decoder_input_ids=start), "hold no token"),
         (dict(input_ids=torch.zeros(2, 0, dtype=torch.long), decoder_input_ids=start), "hold no token"),
-        (dict(input_ids=torch.full((1, 3), 99), decoder_input_ids=start[:1]), "token id 99, outside the vocabulary 0..59"),
-        (dict(input_ids=torch.full((1, 3), -1), decoder_input_ids=start[:1]), "token id -1, outside the vocabulary"),
-        (dict(input_ids=source, attention_mask=mask[:, :5], decoder_input_ids=start), "attention_mask has shape (3, 5)"),
+        (
+            dict(input_ids=torch.full((1, 3), 99), decoder_input_ids=start[:1]),
+            "token id 99, outside the vocabulary 0..59",
+        ),
+        (
+            dict(input_ids=torch.full((1, 3), -1), decoder_input_ids=start[:1]),
+            "token id -1, outside the vocabulary",
+        ),
+        (
+            dict(input_ids=source, attention_mask=mask[:, :5], decoder_input_ids=start),
+            "attention_mask has shape (3, 5)",
+        ),
         (dict(input_ids=source, labels=torch.full((3, 4), -100)), "labels are all -100"),
         (dict(input_ids=source, labels=torch.full((3, 4), 70)), "labels hold token id 70"),
-    ]  # fmt: skip
+    ]
     for inputs, words in cases:
         with pytest.raises(
             ValueError, match=words.replace("(", r"\(").replace(")", r"\)").replace(".", r"\.")
@@ -192,10 +209,38 @@ def test_zero_bootstrap_samples_are_an_error_not_sacrebleus_default():
 
 
 def tiny_run_flags(tmp_path):
-    return ["--recipe", "multi30k-en-de-tiny", "--data_dir", str(DATA_DIR), "--train_limit", "300", "--test_limit",
-            "4", "--d_model", "32", "--layers", "1", "--heads", "2", "--ffn_dim", "32", "--vocab_size", "400",
-            "--minutes", "0", "--precision", "fp32", "--threads", "1", "--examples", "0", "--fail_on_degenerate",
-            "false", "--output_dir", str(tmp_path / "run")]  # fmt: skip
+    return [
+        "--recipe",
+        "multi30k-en-de-tiny",
+        "--data_dir",
+        str(DATA_DIR),
+        "--train_limit",
+        "300",
+        "--test_limit",
+        "4",
+        "--d_model",
+        "32",
+        "--layers",
+        "1",
+        "--heads",
+        "2",
+        "--ffn_dim",
+        "32",
+        "--vocab_size",
+        "400",
+        "--minutes",
+        "0",
+        "--precision",
+        "fp32",
+        "--threads",
+        "1",
+        "--examples",
+        "0",
+        "--fail_on_degenerate",
+        "false",
+        "--output_dir",
+        str(tmp_path / "run"),
+    ]
 
 
 @pytest.mark.skipif(not DATA_DIR.is_dir(), reason="shared data folder absent")
@@ -231,8 +276,19 @@ def test_resuming_a_run_cut_off_after_its_last_checkpoint_makes_no_further_updat
     first = run.main([*flags, "--max_steps", "2", "--save_strategy", "steps", "--save_steps", "1"])
     weights = (tmp_path / "run" / "model.safetensors").read_bytes()
     shutil.rmtree(tmp_path / "run")  # cut off while decoding: the checkpoints hold the whole budget
-    again = run.main([*flags, "--max_steps", "2", "--save_strategy", "steps", "--save_steps", "1",
-                        "--resume_from_checkpoint", "last"])  # fmt: skip
+    again = run.main(
+        [
+            *flags,
+            "--max_steps",
+            "2",
+            "--save_strategy",
+            "steps",
+            "--save_steps",
+            "1",
+            "--resume_from_checkpoint",
+            "last",
+        ]
+    )
     assert (again["steps"], again["updates_this_attempt"], again["resumed_from"]) == (2, 0, "checkpoint-2")
     assert not (tmp_path / "run-checkpoints" / "checkpoint-3").exists()
     assert (tmp_path / "run" / "model.safetensors").read_bytes() == weights and again["bleu"] == first["bleu"]

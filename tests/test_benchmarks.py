@@ -7,10 +7,8 @@ import sys
 import pytest
 from conftest import REPO
 
-from benchmarks.harness import MARIAN_FIELDS, MODEL_SIZES, count_parameters
-
-sys.path.insert(0, str(REPO / "benchmarks"))
-from run import parse_args, peak_flops, select_systems  # noqa: E402
+from benchmarks.harness import MODEL_SIZES, count_parameters
+from benchmarks.run import parse_args, peak_flops, select_systems
 
 
 def test_benchmark_command_writes_tables_and_plots_for_every_system(tmp_path):
@@ -39,12 +37,12 @@ def test_benchmark_command_writes_tables_and_plots_for_every_system(tmp_path):
         "--lengths",
         "8",
         "16",
-        "--tokens-per-batch",
+        "--tokens_per_batch",
         "32",
     ]
-    command += ["--forward-times", "2", "--repeats", "1", "--generation-batch-sizes", "1", "2"]
-    command += ["--source-length", "5", "--new-tokens", "3", "--decode-prefixes", "3", "6"]
-    command += ["--output-dir", str(tmp_path)]
+    command += ["--forward_times", "2", "--repeats", "1", "--generation_batch_sizes", "1", "2"]
+    command += ["--source_length", "5", "--new_tokens", "3", "--decode_prefixes", "3", "6"]
+    command += ["--output_dir", str(tmp_path)]
     subprocess.run(command, check=True, cwd=REPO, timeout=120)
 
     markdown = (tmp_path / "benchmarks.md").read_text()
@@ -72,16 +70,16 @@ def test_benchmark_command_writes_tables_and_plots_for_every_system(tmp_path):
 
 
 def test_a_given_peak_replaces_the_measured_one_in_mfu(monkeypatch):
-    """--peak-tflops (a GPU's datasheet peak) is used as given, without measuring."""
-    import run
+    """--peak_tflops (a GPU's datasheet peak) is used as given, without measuring."""
+    from benchmarks import run
 
     monkeypatch.setattr(run, "matmul_peak_flops", lambda *args: pytest.fail("the peak was given"))
-    peak = peak_flops(parse_args(["--peak-tflops", "989"]))
+    peak = peak_flops(parse_args(["--peak_tflops", "989"]))
     assert peak["flops"] == 989e12 and "given" in peak["source"]
 
 
 @pytest.mark.parametrize("system", select_systems(None), ids=lambda system: system.name)
 def test_every_benchmarked_system_builds_on_the_meta_device(system):
     """`make bench` counts every system's parameters on the meta device first (folded systems included)."""
-    fields = dict(MODEL_SIZES["small"], **MARIAN_FIELDS, max_position_embeddings=512)
+    fields = dict(MODEL_SIZES["small"], max_position_embeddings=512)
     assert count_parameters(fields, system.overrides, system.precomputed) > 0

@@ -41,6 +41,34 @@ def test_sinusoidal_attention_model_reproduces_marian_logits_and_beam_search():
     assert ours.generate(src, **kwargs).tolist() == stock.generate(src, **kwargs).tolist()
 
 
+def test_the_stock_config_of_ours_builds_the_same_model_as_ours_with_sinusoids():
+    """`to_marian_config` is the stock baseline of train.py and the benchmarks: the same Marian fields, so a
+    MarianMTModel built from it and converted gives our logits."""
+    ours_config = tiny_config(attn_implementation="eager")
+    stock_config = ours_config.to_marian_config()
+    for name in (
+        "scale_embedding",
+        "activation_function",
+        "pad_token_id",
+        "eos_token_id",
+        "decoder_start_token_id",
+        "vocab_size",
+        "d_model",
+        "max_position_embeddings",
+        "encoder_layers",
+        "decoder_ffn_dim",
+    ):
+        assert getattr(stock_config, name) == getattr(ours_config, name), name
+    torch.manual_seed(0)
+    stock = MarianMTModel(stock_config).eval()
+    ours = MarianPosEncForConditionalGeneration.from_marian(stock).eval()
+    src, mask = source_batch()
+    with torch.no_grad():
+        expected = stock(input_ids=src, attention_mask=mask, decoder_input_ids=target_batch()).logits
+        actual = ours(input_ids=src, attention_mask=mask, decoder_input_ids=target_batch()).logits
+    assert (expected - actual).abs().max() <= 1e-5
+
+
 def test_from_marian_folder_swaps_the_position_encoding_and_keeps_the_rest(tmp_path):
     stock = stock_marian(seed=3)
     stock.save_pretrained(tmp_path)

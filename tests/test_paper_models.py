@@ -69,7 +69,7 @@ def test_posnet_attn_is_one_kernel_table_for_the_whole_model_by_default():
             vocab_size=100,
             pad=0,
             eos=1,
-        )  # fmt: skip
+        )
     )
     tables = [name for name, _ in model.named_parameters() if "kernels" in name]
     assert tables == ["model.encoder.position_encoding.kernels.0"]

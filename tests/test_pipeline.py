@@ -53,9 +53,17 @@ def test_wmt_recipes_follow_paper_one():
 
 def test_command_line_overrides_the_recipe():
     args = arguments.parse_args(
-        ["--recipe", "multi30k-en-de-tiny", "--d_model", "64", "--position_encoding", "learned",
-         "--learning_rate", "0.01"]
-    )  # fmt: skip
+        [
+            "--recipe",
+            "multi30k-en-de-tiny",
+            "--d_model",
+            "64",
+            "--position_encoding",
+            "learned",
+            "--learning_rate",
+            "0.01",
+        ]
+    )
     assert args.model.d_model == 64 and args.model.layers == 2 and args.model.position_encoding == "learned"
     assert args.training.learning_rate == 0.01 and args.training.warmup_steps == 100  # the recipe's
 
@@ -223,13 +231,37 @@ def test_evaluate_translation_script_decodes_scores_and_compares(multi30k_dir, t
     lines = read_lines(reference)
     (tmp_path / "baseline.hyp").write_text("\n".join(" ".join(line.split()[::-1]) for line in lines) + "\n")
     (tmp_path / "good.hyp").write_text("\n".join(lines) + "\n")
-    report = evaluate_main([str(folder), "--source", str(source), "--reference", str(reference),
-                                        "--hypotheses", str(tmp_path / "good.hyp"), "--baseline_hypotheses",
-                                        str(tmp_path / "baseline.hyp"), "--ngram_sweep", "--bootstrap_samples", "100"])  # fmt: skip
+    report = evaluate_main(
+        [
+            str(folder),
+            "--source",
+            str(source),
+            "--reference",
+            str(reference),
+            "--hypotheses",
+            str(tmp_path / "good.hyp"),
+            "--baseline_hypotheses",
+            str(tmp_path / "baseline.hyp"),
+            "--ngram_sweep",
+            "--bootstrap_samples",
+            "100",
+        ]
+    )
     assert report["scores"]["bleu"] == 100.0 and report["paired_bootstrap"]["bleu"]["significance"] == "**"
     assert (folder / "ngram_sweep.png").is_file() and json.loads((folder / "evaluation.json").read_text())
-    decoded = evaluate_main([str(folder), "--source", str(source), "--reference", str(reference),
-                                         "--num_beams", "1", "--output", str(tmp_path / "decoded.json")])  # fmt: skip
+    decoded = evaluate_main(
+        [
+            str(folder),
+            "--source",
+            str(source),
+            "--reference",
+            str(reference),
+            "--num_beams",
+            "1",
+            "--output",
+            str(tmp_path / "decoded.json"),
+        ]
+    )
     assert len((folder / "evaluation.hyp").read_text().splitlines()) == 1000
     assert "nrefs:1|case:mixed|eff:no|tok:13a" in decoded["scores"]["bleu_signature"]
     assert (
@@ -240,9 +272,16 @@ def test_evaluate_translation_script_decodes_scores_and_compares(multi30k_dir, t
 LAUNCHERS = {
     "single": [sys.executable],
     "torchrun": [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2"],
-    "accelerate": [sys.executable, "-m", "accelerate.commands.launch", "--config_file",
-                   str(REPO / "train_scripts" / "accelerate" / "cpu_ddp_2proc.yaml"), "--num_cpu_threads_per_process", "1"],
-}  # fmt: skip
+    "accelerate": [
+        sys.executable,
+        "-m",
+        "accelerate.commands.launch",
+        "--config_file",
+        str(REPO / "train_scripts" / "accelerate" / "cpu_ddp_2proc.yaml"),
+        "--num_cpu_threads_per_process",
+        "1",
+    ],
+}
 
 
 def run_probe(out, *args, launcher="single", timeout=600):
@@ -268,8 +307,12 @@ def test_resume_after_a_real_kill_continues_at_the_saved_step_with_the_same_data
     reference, interrupted = tmp_path / "reference", tmp_path / "interrupted"
     run_probe(reference, "--max_steps", "12")
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    process = subprocess.Popen([sys.executable, str(PROBE), str(interrupted), "--max_steps", "12", "--save_steps", "4"],
-                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)  # fmt: skip
+    process = subprocess.Popen(
+        [sys.executable, str(PROBE), str(interrupted), "--max_steps", "12", "--save_steps", "4"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        env=env,
+    )
     checkpoint = interrupted / "checkpoints" / "checkpoint-4" / "trainer_state.json"
     deadline = time.monotonic() + 300
     while not checkpoint.is_file() and process.poll() is None and time.monotonic() < deadline:
@@ -314,8 +357,22 @@ def test_shipped_accelerate_configs_load_and_name_real_layer_classes(path):
 def test_train_short_keeps_only_short_pairs_and_concatenation_joins_them_afterwards(multi30k_dir):
     """--max_train_length (train short, test long) filters the training pairs; concatenation augmentation joins
     the kept pairs, so joined examples may be longer than the filter, which is their point."""
-    flags = ["--recipe", "multi30k-en-de-tiny", "--data_dir", str(multi30k_dir), "--train_limit", "400",
-             "--test_limit", "3", "--vocab_size", "600", "--max_train_length", "14", "--output_dir", "unused"]  # fmt: skip
+    flags = [
+        "--recipe",
+        "multi30k-en-de-tiny",
+        "--data_dir",
+        str(multi30k_dir),
+        "--train_limit",
+        "400",
+        "--test_limit",
+        "3",
+        "--vocab_size",
+        "600",
+        "--max_train_length",
+        "14",
+        "--output_dir",
+        "unused",
+    ]
     short = run.prepare_data(arguments.parse_args(flags))
     assert max(short.train["length"]) <= 14 and 0 < len(short.train) < 400
     assert len(short.test) == 3  # the test set is not filtered

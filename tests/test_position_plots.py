@@ -51,8 +51,14 @@ def test_each_module_kind_gets_its_panels(overrides, expected_panels, kind, tmp_
     assert (tmp_path / "p.png").stat().st_size > 0
 
 
-@pytest.mark.parametrize("overrides", [dict(position_encoding="sinusoidal"), dict(position_encoding="rope"),
-                                       dict(encoder_self_attention="fourier", decoder_self_attention="gaussian")])  # fmt: skip
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        dict(position_encoding="sinusoidal"),
+        dict(position_encoding="rope"),
+        dict(encoder_self_attention="fourier", decoder_self_attention="gaussian"),
+    ],
+)
 def test_modules_that_learn_nothing_about_positions_draw_nothing(overrides, tmp_path):
     assert not plot_learned_positions(tiny_model(**overrides), tmp_path / "p.png")
     assert not (tmp_path / "p.png").exists()

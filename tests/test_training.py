@@ -11,10 +11,31 @@ import transformers
 from hf_posenc.pipeline import run
 
 TINY = [
-    "--train_limit", "3000", "--test_limit", "40", "--max_steps", "30", "--d_model", "32", "--layers", "1",
-    "--heads", "4", "--ffn_dim", "64", "--vocab_size", "1200", "--max_tokens", "1500", "--threads", "2",
-    "--examples", "2", "--fail_on_degenerate", "false",
-]  # fmt: skip
+    "--train_limit",
+    "3000",
+    "--test_limit",
+    "40",
+    "--max_steps",
+    "30",
+    "--d_model",
+    "32",
+    "--layers",
+    "1",
+    "--heads",
+    "4",
+    "--ffn_dim",
+    "64",
+    "--vocab_size",
+    "1200",
+    "--max_tokens",
+    "1500",
+    "--threads",
+    "2",
+    "--examples",
+    "2",
+    "--fail_on_degenerate",
+    "false",
+]
 
 LOAD_WITHOUT_PACKAGE = textwrap.dedent(
     """
@@ -35,9 +56,22 @@ def test_tiny_training_run_writes_a_hub_ready_folder_that_loads_without_the_pack
     multi30k_dir, tmp_path, capsys, hub
 ):
     output, dry_run = tmp_path / "run", tmp_path / "upload"
-    scores = run.main([*TINY, "--data_dir", str(multi30k_dir), "--position_encoding", "learned",
-                         "--output_dir", str(output), "--hub_dry_run", str(dry_run),
-                         "--push_to_hub", "--hub_model_id", "someone/tiny-learned"])  # fmt: skip
+    scores = run.main(
+        [
+            *TINY,
+            "--data_dir",
+            str(multi30k_dir),
+            "--position_encoding",
+            "learned",
+            "--output_dir",
+            str(output),
+            "--hub_dry_run",
+            str(dry_run),
+            "--push_to_hub",
+            "--hub_model_id",
+            "someone/tiny-learned",
+        ]
+    )
     # --push_to_hub creates the repo and uploads exactly the dry-run folder (weights, code, tokenizer, card)
     assert [name for name, _ in hub.calls] == ["create_repo", "upload_folder"]
     assert hub.calls[0][1] == {"repo_id": "someone/tiny-learned", "private": None, "exist_ok": True}
@@ -73,8 +107,13 @@ def test_tiny_training_run_writes_a_hub_ready_folder_that_loads_without_the_pack
     assert sorted(p.name for p in dry_run.iterdir()) == sorted(p.name for p in output.iterdir())
     assert len((output / "test.hyp.de").read_text().splitlines()) == 40
 
-    completed = subprocess.run([sys.executable, "-c", LOAD_WITHOUT_PACKAGE, str(dry_run)], capture_output=True,
-                               text=True, timeout=300, cwd=tmp_path)  # fmt: skip
+    completed = subprocess.run(
+        [sys.executable, "-c", LOAD_WITHOUT_PACKAGE, str(dry_run)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
+    )
     assert completed.returncode == 0, completed.stderr[-3000:]
     loaded = json.loads(completed.stdout.strip().splitlines()[-1])
     assert loaded["module"].startswith("transformers_modules")
@@ -82,8 +121,21 @@ def test_tiny_training_run_writes_a_hub_ready_folder_that_loads_without_the_pack
 
 
 def test_stock_marian_baseline_runs_through_the_same_pipeline(multi30k_dir, tmp_path):
-    scores = run.main([*TINY, "--data_dir", str(multi30k_dir), "--architecture", "stock_marian", "--precision",
-                         "fp32", "--max_steps", "5", "--output_dir", str(tmp_path / "stock")])  # fmt: skip
+    scores = run.main(
+        [
+            *TINY,
+            "--data_dir",
+            str(multi30k_dir),
+            "--architecture",
+            "stock_marian",
+            "--precision",
+            "fp32",
+            "--max_steps",
+            "5",
+            "--output_dir",
+            str(tmp_path / "stock"),
+        ]
+    )
     assert scores["architecture"] == "stock_marian" and scores["precision"] == "fp32" and scores["steps"] == 5
     assert scores["transformers_version"] == transformers.__version__
 

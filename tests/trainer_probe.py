@@ -11,16 +11,11 @@ import argparse
 import hashlib
 import json
 import os
-import sys
 from pathlib import Path
 
 import torch
+from conftest import DATA_DIR  # run as a script, its folder (tests/) is on the path
 from transformers import DataCollatorForSeq2Seq, Seq2SeqTrainingArguments
-
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "tests"))
-
-from conftest import DATA_DIR  # noqa: E402
 
 from hf_posenc import MarianPosEncConfig, MarianPosEncForConditionalGeneration  # noqa: E402
 from hf_posenc.pipeline.data import read_split  # noqa: E402
@@ -41,24 +36,49 @@ class RecordingTrainer(TranslationTrainer):
         return super().training_step(model, inputs, num_items_in_batch)
 
 
-def build_trainer(output_dir, max_steps, update_freq=1, label_smoothing=0.0, save_steps=0, learning_rate=1e-3,
-                  dropout=0.0, pairs=400):  # fmt: skip
+def build_trainer(
+    output_dir,
+    max_steps,
+    update_freq=1,
+    label_smoothing=0.0,
+    save_steps=0,
+    learning_rate=1e-3,
+    dropout=0.0,
+    pairs=400,
+):
     text = read_split(DATA_DIR, "val", "en", "de", limit=pairs)
     tokenizer = train_joint_bpe(text.source + text.target, vocab_size=500)
     dataset = tokenize_parallel(tokenizer, text.source, text.target, max_length=128)
     torch.manual_seed(0)
     config = MarianPosEncConfig(
-        vocab_size=len(tokenizer), d_model=32, encoder_layers=1, decoder_layers=1, encoder_attention_heads=4,
-        decoder_attention_heads=4, encoder_ffn_dim=64, decoder_ffn_dim=64, max_position_embeddings=160,
+        vocab_size=len(tokenizer),
+        d_model=32,
+        encoder_layers=1,
+        decoder_layers=1,
+        encoder_attention_heads=4,
+        decoder_attention_heads=4,
+        encoder_ffn_dim=64,
+        decoder_ffn_dim=64,
+        max_position_embeddings=160,
         dropout=dropout,
-    )  # fmt: skip
+    )
     model = MarianPosEncForConditionalGeneration(config)
     args = Seq2SeqTrainingArguments(
-        output_dir=str(output_dir), max_steps=max_steps, learning_rate=learning_rate, warmup_steps=0,
-        gradient_accumulation_steps=update_freq, label_smoothing_factor=label_smoothing, logging_steps=1,
-        save_strategy="steps" if save_steps else "no", save_steps=save_steps or 500, report_to=[], use_cpu=True,
-        seed=5, ddp_backend="gloo" if "WORLD_SIZE" in os.environ else None, disable_tqdm=True,
-    )  # fmt: skip
+        output_dir=str(output_dir),
+        max_steps=max_steps,
+        learning_rate=learning_rate,
+        warmup_steps=0,
+        gradient_accumulation_steps=update_freq,
+        label_smoothing_factor=label_smoothing,
+        logging_steps=1,
+        save_strategy="steps" if save_steps else "no",
+        save_steps=save_steps or 500,
+        report_to=[],
+        use_cpu=True,
+        seed=5,
+        ddp_backend="gloo" if "WORLD_SIZE" in os.environ else None,
+        disable_tqdm=True,
+    )
     collator = DataCollatorForSeq2Seq(tokenizer, model=model, label_pad_token_id=-100)
     return RecordingTrainer(
         model=model, args=args, train_dataset=dataset, data_collator=collator, max_tokens=600

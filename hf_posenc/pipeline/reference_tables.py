@@ -24,15 +24,23 @@ REPO = Path(__file__).resolve().parents[2]
 RECIPE_COLUMNS = {
     "data": lambda r: r.get("hf_dataset") or Path(r.get("data_dir", "shared/data/multi30k")).name,
     "pair": lambda r: f"{r.get('source_lang', 'en')}-{r.get('target_lang', 'de')}",
-    "model": lambda r: f"d{r['d_model']}, {r['layers']}+{r['layers']}, {r['heads']} heads, FFN {r['ffn_dim']}, dropout {r['dropout']}",
+    "model": lambda r: (
+        f"d{r['d_model']}, {r['layers']}+{r['layers']}, {r['heads']} heads, FFN {r['ffn_dim']}, dropout {r['dropout']}"
+    ),
     "batch": lambda r: f"{r['max_tokens']} tokens x {r.get('gradient_accumulation_steps', 1)}",
-    "schedule": lambda r: f"lr {r['learning_rate']} {r['lr_scheduler_type']}, warm-up {r['warmup_steps']}, Adam β2 {r['adam_beta2']}, label smoothing {r['label_smoothing_factor']}",
-    "budget": lambda r: (f"{r['minutes']} min" if r.get("minutes") else f"{r['max_steps']} updates")
-    + (f", average last {r['average_last']}" if r.get("average_last") else "")
-    + (f", average best {r['average_best']}" if r.get("average_best") else ""),
+    "schedule": lambda r: (
+        f"lr {r['learning_rate']} {r['lr_scheduler_type']}, warm-up {r['warmup_steps']}, Adam β2 {r['adam_beta2']}, label smoothing {r['label_smoothing_factor']}"
+    ),
+    "budget": lambda r: (
+        (f"{r['minutes']} min" if r.get("minutes") else f"{r['max_steps']} updates")
+        + (f", average last {r['average_last']}" if r.get("average_last") else "")
+        + (f", average best {r['average_best']}" if r.get("average_best") else "")
+    ),
     "decoding": lambda r: f"beam {r.get('num_beams', 4)}",
-    "module settings": lambda r: ", ".join(f"{k} {v}" for k, v in r.get("config_overrides", {}).items()) or "defaults",
-}  # fmt: skip
+    "module settings": lambda r: (
+        ", ".join(f"{k} {v}" for k, v in r.get("config_overrides", {}).items()) or "defaults"
+    ),
+}
 
 
 def cell(value) -> str:

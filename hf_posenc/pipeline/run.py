@@ -23,7 +23,7 @@ from pathlib import Path
 
 import torch
 import transformers
-from transformers import DataCollatorForSeq2Seq, MarianConfig, MarianMTModel
+from transformers import DataCollatorForSeq2Seq, MarianMTModel
 from transformers.trainer_callback import ProgressCallback
 
 from ..base import PositionLimitError
@@ -171,12 +171,7 @@ def build_model(args: Arguments, data: PreparedData):
     pad, eos = tokenizer.pad_token_id, tokenizer.eos_token_id
     config = data_config(args, len(tokenizer), pad, eos, data.train)
     if args.model.architecture == "stock_marian":
-        dims = {
-            k: v
-            for k, v in config.to_dict().items()
-            if k in MarianConfig.__dataclass_fields__ and k not in ("architectures", "dtype")
-        }
-        model = MarianMTModel(MarianConfig(**dims))
+        model = MarianMTModel(config.to_marian_config())
         # our models' decoding; Marian has no source + 50 rule, so it may write the longest accepted sentence + 50
         model.generation_config.update(
             **PAPER_1_DECODING,
