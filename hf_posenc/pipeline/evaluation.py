@@ -9,7 +9,6 @@ generalisation) go through them. `check_number` is the range check the tools app
 """
 
 import math
-import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -25,10 +24,6 @@ SMALL_TEST_SET = 100  # sentences: below this, corpus BLEU says little
 # Mean cosine between a sentence's encoder outputs at which the encoder counts as collapsed (finished comparison
 # runs: 0.09-0.14 working; 0.997 and 0.914 in two whose decoders ignored the source).
 COLLAPSED_ENCODER = 0.9
-# `from_pretrained` swaps process-wide functions while it builds a model (transformers' `no_tie_weights` and
-# `no_init_weights` patch `PreTrainedModel` and `torch.nn.init`): two loads in threads of one process (compare.py's
-# runs) can restore each other's patches, leaving the tied embeddings and lm_head on the meta device. Loads take turns.
-_LOADING = threading.Lock()
 # The files `from_pretrained` reads a model's weights from (one of them).
 WEIGHT_FILES = (
     "model.safetensors",
@@ -368,6 +363,5 @@ def load_translation_model(folder, trust_remote_code: bool = False):
         raise ValueError(
             f"{folder} has no tokenizer (tokenizer.json); save the tokenizer beside the model, as train.py does"
         )
-    with _LOADING:
-        model = AutoModelForSeq2SeqLM.from_pretrained(folder, trust_remote_code=trust_remote_code)
-        return model, AutoTokenizer.from_pretrained(folder, trust_remote_code=trust_remote_code)
+    model = AutoModelForSeq2SeqLM.from_pretrained(folder, trust_remote_code=trust_remote_code)
+    return model, AutoTokenizer.from_pretrained(folder, trust_remote_code=trust_remote_code)
