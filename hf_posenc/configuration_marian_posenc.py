@@ -48,6 +48,27 @@ ACCEPTED_EXTRA_KEYS = {
 }  # fmt: skip
 
 
+# Hyperparameters renamed so that each prefix names one module family; configs saved under the old name still
+# load (a deprecation warning says so), and save under the new one.
+RENAMED_FIELDS = {
+    "relative_attention_num_buckets": "t5_bias_num_buckets",  # T5 bias, not the relative-attention mixer
+    "relative_attention_max_distance": "t5_bias_max_distance",
+    "posnet_gating": "position_attention_gating",  # aPosNet/rPosNet (paper 2), not PosNet (paper 1)
+}
+
+
+def rename_deprecated(settings: dict) -> dict:
+    """`settings` with every renamed field under its new name (warned); both names at once is an error."""
+    renamed = dict(settings)
+    for old, new in RENAMED_FIELDS.items():
+        if old in renamed:
+            if new in renamed:
+                raise ValueError(f"{old!r} is the old name of {new!r}: give only {new!r}.")
+            logger.warning("config field %r is deprecated: it is now %r.", old, new)
+            renamed[new] = renamed.pop(old)
+    return renamed
+
+
 def closest_field(name: str, fields) -> str:
     """' (did you mean 'x'?)' for the field closest to `name`, or ''."""
     hint = difflib.get_close_matches(name, fields, n=1)
@@ -116,6 +137,9 @@ class MarianPosEncConfig(MarianConfig, ModuleHyperparameters):
     shape_max_shift: int = 0
 
     def __post_init__(self, **kwargs):
+        for old, new in RENAMED_FIELDS.items():  # a constructor given an old name: its field takes the value
+            if old in kwargs:
+                setattr(self, new, rename_deprecated({old: kwargs.pop(old)})[new])
         unknown = sorted(set(kwargs) - ACCEPTED_EXTRA_KEYS - {"position_encoding"})
         if unknown:
             fields = [f.name for f in dataclasses.fields(self)]
@@ -146,6 +170,7 @@ class MarianPosEncConfig(MarianConfig, ModuleHyperparameters):
         must not fail. A key close to a field's name is probably a typo in a hand-edited file: a warning names
         it.
         """
+        config_dict = rename_deprecated(config_dict)
         fields = {field.name for field in dataclasses.fields(cls)}
         extra = {
             key: value

@@ -6,7 +6,7 @@ Position-Based and Content-Based Self-Attention for NMT"). The mixing weights co
 * aPosNet (Eq. 8):  α̂_nm = (W^Q ñ)(W^K m̃)ᵀ / √D_h with ñ, m̃ fixed sinusoids of the query/key positions;
 * rPosNet (Eq. 9-10): α̂_nm = (W^Q ñ) · d̃_nmᵀ / √D_h, d̃_nm = Emb_rel(clip(⌊γ n⌋ − m, K)), ñ learned;
 
-followed by the softmax (Eq. 2) and the gating of Eq. 4 (`GeluGating`, switchable with `posnet_gating`).
+followed by the softmax (Eq. 2) and the gating of Eq. 4 (`GeluGating`, switchable with `position_attention_gating`).
 Because α̂ depends on positions only, `model.precompute_position_attention()` folds it into per-layer tables
 (aPosNet: H×N×N, rPosNet: H×N×(2K+1) indexed by the clipped offset) and drops W^Q, W^K and the position
 vectors (paper 2 §4.1-4.2, "Theoretical Complexity").
@@ -72,7 +72,7 @@ class PositionAttention(PositionMixer):
 
     citations = (PAPER_2,)
     hyperparameters = {
-        "posnet_gating": Hyperparameter(bool, True, "Eq. 4 gating (False: Table 6 'without gating')"),
+        "position_attention_gating": Hyperparameter(bool, True, "Eq. 4 gating (False: Table 6 'without gating')"),
         "position_attention_precomputed": Hyperparameter(
             bool,
             False,
@@ -81,7 +81,7 @@ class PositionAttention(PositionMixer):
     }
 
     def __init__(self, config, site, layer_idx):
-        self.gated = config.posnet_gating
+        self.gated = config.position_attention_gating
         super().__init__(config, site, layer_idx)
         # Tables derived from parameters for decoding without gradients (`derived_table`), by name.
         self.derived_tables: dict[str, tuple[list[tuple], torch.Tensor]] = {}
@@ -214,7 +214,7 @@ class APosNetAttention(PositionAttention):
         "precomputed-ungated-cross": {
             "cross_attention": "aposnet",
             "position_attention_precomputed": True,
-            "posnet_gating": False,
+            "position_attention_gating": False,
         }
     }
 

@@ -66,8 +66,8 @@ T5 = "Raffel et al. 2020. Exploring the Limits of Transfer Learning with a Unifi
 # within the conformance suite's test lengths.
 SHORT_RANGE = {
     "max_relative_position": 2,
-    "relative_attention_num_buckets": 8,
-    "relative_attention_max_distance": 8,
+    "t5_bias_num_buckets": 8,
+    "t5_bias_max_distance": 8,
 }
 
 
@@ -354,8 +354,8 @@ class T5BiasPositionEncoding(PositionEncoding):
     reference = "Raffel et al. 2020 §2.1"
     citations = (T5,)
     hyperparameters = {
-        "relative_attention_num_buckets": Hyperparameter(int, 32, "buckets per stack (T5: 32)", minimum=1),
-        "relative_attention_max_distance": Hyperparameter(
+        "t5_bias_num_buckets": Hyperparameter(int, 32, "buckets per stack (T5: 32)", minimum=1),
+        "t5_bias_max_distance": Hyperparameter(
             int, 128, "distance where the last bucket starts (T5: 128)", minimum=1
         ),
     }
@@ -365,8 +365,8 @@ class T5BiasPositionEncoding(PositionEncoding):
     def __init__(self, config, stack):
         super().__init__(config, stack)
         heads, _ = stack_heads_layers(config, stack)
-        self.num_buckets = config.relative_attention_num_buckets
-        self.max_distance = config.relative_attention_max_distance
+        self.num_buckets = config.t5_bias_num_buckets
+        self.max_distance = config.t5_bias_max_distance
         self.bidirectional = stack == ENCODER
         # a parameter of this module, not an nn.Embedding: transformers' generic init would re-draw a child
         # embedding at init_std after `reset_parameters` ran (children are initialised first)
@@ -376,15 +376,15 @@ class T5BiasPositionEncoding(PositionEncoding):
     @classmethod
     def check_config(cls, config, stack):
         # the smallest exact region is num_buckets / 4 (bidirectional) and must hold distance 0 and 1
-        if config.relative_attention_num_buckets < 8 or config.relative_attention_num_buckets % 4:
+        if config.t5_bias_num_buckets < 8 or config.t5_bias_num_buckets % 4:
             raise ValueError(
-                f"relative_attention_num_buckets={config.relative_attention_num_buckets} must be a multiple "
+                f"t5_bias_num_buckets={config.t5_bias_num_buckets} must be a multiple "
                 "of 4 and at least 8 (T5 uses 32)."
             )
-        if config.relative_attention_max_distance <= config.relative_attention_num_buckets // 2:
+        if config.t5_bias_max_distance <= config.t5_bias_num_buckets // 2:
             raise ValueError(
-                f"relative_attention_max_distance={config.relative_attention_max_distance} must exceed half "
-                f"of relative_attention_num_buckets={config.relative_attention_num_buckets}."
+                f"t5_bias_max_distance={config.t5_bias_max_distance} must exceed half "
+                f"of t5_bias_num_buckets={config.t5_bias_num_buckets}."
             )
 
     def reset_parameters(self):

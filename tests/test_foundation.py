@@ -101,6 +101,27 @@ def test_impossible_shapes_fail_at_config_time():
         MarianPosEncConfig(max_position_embeddings=0)
 
 
+def test_renamed_fields_still_load_under_their_old_names_with_a_warning(tmp_path, caplog):
+    """T5 bias's buckets were `relative_attention_*` (the relative-attention mixer's prefix) and aPosNet/rPosNet's
+    gating was `posnet_gating` (PosNet's prefix): saved configs and old code keep working, and save anew."""
+    old = tiny_config(encoder_position_encoding="t5_bias", encoder_self_attention="aposnet").to_dict()
+    for new_name, old_name, value in (
+        ("t5_bias_num_buckets", "relative_attention_num_buckets", 16),
+        ("position_attention_gating", "posnet_gating", False),
+    ):
+        old.pop(new_name)
+        old[old_name] = value
+    (tmp_path / "config.json").write_text(json.dumps(old))
+    with caplog.at_level("WARNING"):
+        config = AutoConfig.from_pretrained(tmp_path)
+    assert config.t5_bias_num_buckets == 16 and config.position_attention_gating is False
+    assert "'posnet_gating' is deprecated: it is now 'position_attention_gating'" in caplog.text
+    assert not hasattr(config, "posnet_gating") and "posnet_gating" not in config.to_dict()
+    assert tiny_config(relative_attention_max_distance=12).t5_bias_max_distance == 12
+    with pytest.raises(ValueError, match="'posnet_gating' is the old name of 'position_attention_gating'"):
+        MarianPosEncConfig.from_dict({**old, "position_attention_gating": True})
+
+
 def test_config_round_trips_through_json_and_auto_config(tmp_path):
     config = tiny_config(encoder_position_encoding="learned", decoder_position_encoding="none")
     config.save_pretrained(tmp_path)
