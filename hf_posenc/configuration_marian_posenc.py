@@ -42,10 +42,18 @@ def module_hyperparameters() -> dict[str, Hyperparameter]:
 # Keys a config may carry besides its fields: written by save_pretrained and the Hub, or handled by
 # PreTrainedConfig itself (generation parameters found in old config.json files are dropped there).
 ACCEPTED_EXTRA_KEYS = {
-    "auto_map", "model_type", "name_or_path", "transformers_version", "torch_dtype", "output_attentions",
-    "attn_implementation", "experts_implementation", "_commit_hash", "num_labels",
+    "auto_map",
+    "model_type",
+    "name_or_path",
+    "transformers_version",
+    "torch_dtype",
+    "output_attentions",
+    "attn_implementation",
+    "experts_implementation",
+    "_commit_hash",
+    "num_labels",
     *GenerationConfig._get_default_generation_params(),
-}  # fmt: skip
+}
 
 
 # Hyperparameters renamed so that each prefix names one module family; configs saved under the old name still
@@ -200,8 +208,15 @@ class MarianPosEncConfig(MarianConfig, ModuleHyperparameters):
     def check_choices(self) -> None:
         """Raise a ValueError naming the bad value and the allowed ones. Runs when the config is built and again
         when a model is built from it (fields may have been set in between)."""
-        for name in ("vocab_size", "d_model", "max_position_embeddings", "encoder_layers", "decoder_layers",
-                     "encoder_ffn_dim", "decoder_ffn_dim"):  # fmt: skip
+        for name in (
+            "vocab_size",
+            "d_model",
+            "max_position_embeddings",
+            "encoder_layers",
+            "decoder_layers",
+            "encoder_ffn_dim",
+            "decoder_ffn_dim",
+        ):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name}={getattr(self, name)} must be a positive integer.")
         for name in ("dropout", "attention_dropout", "activation_dropout"):

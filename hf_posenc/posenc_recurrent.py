@@ -435,8 +435,10 @@ class RecurrentPositionEncoding(PositionEncoding):
         if config.rpe_dim is not None or rpe_dim == cls.paper_rpe_dim:
             return []
         granule = cls.default_rpe_granule(config, stack)
-        return [f"d_r = {rpe_dim} (paper: {cls.paper_rpe_dim} at d_model {PAPER_D_MODEL}; scaled to "
-                f"d_model {config.d_model}, rounded down to a multiple of {granule})"]  # fmt: skip
+        return [
+            f"d_r = {rpe_dim} (paper: {cls.paper_rpe_dim} at d_model {PAPER_D_MODEL}; scaled to "
+            f"d_model {config.d_model}, rounded down to a multiple of {granule})"
+        ]
 
     @classmethod
     def check_config(cls, config, stack):

@@ -92,8 +92,14 @@ def test_a_toy_module_added_by_its_file_and_registry_entry_appears_everywhere(tm
         "\nPOSITION_ENCODINGS = {\n", '\nPOSITION_ENCODINGS = {\n    "toy": ToyPositionEncoding,\n', 1
     )
     registry.write_text(text)
-    completed = subprocess.run([sys.executable, "-c", CHECK], capture_output=True, text=True, timeout=300,
-                               env={**os.environ, "PYTHONPATH": str(tmp_path)}, cwd=tmp_path)  # fmt: skip
+    completed = subprocess.run(
+        [sys.executable, "-c", CHECK],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "PYTHONPATH": str(tmp_path)},
+        cwd=tmp_path,
+    )
     assert completed.returncode == 0, completed.stderr[-3000:]
     seen = json.loads(completed.stdout.strip().splitlines()[-1])
     assert seen["config_field"] == 0.25 and seen["default"] == 0.5 and seen["negative_rejected"]
