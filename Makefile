@@ -31,10 +31,9 @@ $(TRANSFORMERS_SRC)/.unpacked: $(VENV)/.installed
 	tar -xzf $(TRANSFORMERS_SRC)/transformers-$$version.tar.gz -C $(TRANSFORMERS_SRC) --strip-components=1 \
 		transformers-$$version/tests && \
 	rm $(TRANSFORMERS_SRC)/transformers-$$version.tar.gz && echo $$version > $(TRANSFORMERS_SRC)/VERSION
-	$(PY) -m pip install 'parameterized>=0.9'
 	touch $@
 
-install: $(VENV)/.installed $(TRANSFORMERS_SRC)/.unpacked
+install: $(VENV)/.installed
 
 ## Train + evaluate on the shipped Multi30k, write a Hub-ready folder (MODULE=learned MINUTES=16 RECIPE=... OUTPUT=...)
 train: install
@@ -49,13 +48,13 @@ train-stock: install
 
 ## Every positional module trained and scored under one recipe, budget and seeds -> docs/results.md (resumable)
 compare: install
-	$(PY) train_scripts/compare.py $(ARGS)
+	$(PY) train_scripts/compare.py --readme README.md $(ARGS)
 
 ## The test suite CI runs (slow end-to-end runs excluded)
-test: install
+test: install $(TRANSFORMERS_SRC)/.unpacked
 	$(PY) -m pytest -q -m "not slow" tests
 
-test-all: install
+test-all: install $(TRANSFORMERS_SRC)/.unpacked
 	$(PY) -m pytest -q tests
 
 lint: install
