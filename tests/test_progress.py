@@ -185,6 +185,24 @@ def test_on_a_bf16_cpu_in_fp32_the_fix_suggests_auto(caplog):
     assert not any("--precision fp32" in fix for fix in check.estimate["fixes"])
 
 
+def test_with_stop_a_budget_too_short_ends_training_at_the_measurement_instead_of_spending_it():
+    check = UpdateBudgetCheck(
+        minutes=16, precision="fp32", hardware=AVX2_MACHINE, clock=FakeClock(), stop=True
+    )
+    run = Run([check])
+    for _ in range(3):
+        run.step(60.0)  # a minute per update: about 16 updates in the budget
+    assert run.control.should_training_stop and check.estimate["stopped_at"] == 1
+    assert any("multi30k-en-de-tiny" in fix for fix in check.estimate["fixes"])
+    fast = UpdateBudgetCheck(
+        minutes=16, precision="fp32", hardware=AVX2_MACHINE, clock=FakeClock(), stop=True
+    )
+    run = Run([fast])
+    for _ in range(25):
+        run.step(0.5)
+    assert not run.control.should_training_stop and "stopped_at" not in fast.estimate
+
+
 def test_budget_check_needs_a_budget():
     with pytest.raises(ValueError, match="minutes=0"):
         UpdateBudgetCheck(minutes=0, precision="fp32")

@@ -199,8 +199,10 @@ class TrainingProgressCallback(TrainerCallback):
 class UpdateBudgetCheck(TrainerCallback):
     """Estimates, once `measure_updates` updates or `measure_seconds` have passed, how many updates the
     `minutes` budget allows at the measured seconds per update, and warns when they are fewer than
-    `min_updates` (unless `max_steps` asks for fewer anyway). The estimate is kept in `self.estimate` (a dict
-    for scores.json; made at the end of training if it ends before the measurement point)."""
+    `min_updates` (unless `max_steps` asks for fewer anyway). With `stop`, such a run ends there instead of
+    spending its budget on a model that cannot learn (the caller exits saying so). The estimate is kept in
+    `self.estimate` (a dict for scores.json; made at the end of training if it ends before the measurement
+    point)."""
 
     def __init__(
         self,
@@ -212,6 +214,7 @@ class UpdateBudgetCheck(TrainerCallback):
         measure_updates: int = 20,
         start: float | None = None,
         clock: Callable[[], float] = time.monotonic,
+        stop: bool = False,
     ):
         if not minutes or minutes <= 0:
             raise ValueError(f"minutes={minutes!r}: the budget check needs a positive wall-clock budget")
@@ -223,6 +226,7 @@ class UpdateBudgetCheck(TrainerCallback):
         self.measure_updates = measure_updates
         self.given_start = start
         self.clock = clock
+        self.stop = stop
         self.estimate: dict | None = None
 
     def on_train_begin(self, args, state, control, **kwargs):
@@ -235,6 +239,9 @@ class UpdateBudgetCheck(TrainerCallback):
         updates, elapsed = state.global_step - self.first_step, self.clock() - self.start
         if updates >= self.measure_updates or elapsed >= self.measure_seconds:
             self.assess(state, updates, elapsed)
+            if self.stop and self.estimate["too_few_updates"]:
+                self.estimate["stopped_at"] = state.global_step
+                control.should_training_stop = True
 
     def on_train_end(self, args, state, control, **kwargs):
         updates = state.global_step - self.first_step
@@ -254,7 +261,8 @@ class UpdateBudgetCheck(TrainerCallback):
             fixes.append("--precision auto: this CPU has bf16 units, bf16 may be several times faster")
         needed_minutes = self.min_updates * seconds_per_update / 60
         fixes += [
-            "a smaller model (--d_model, --layers, --ffn_dim) or smaller batches (--max_tokens)",
+            "a smaller model: a smaller recipe (multi30k-en-de-tiny for Multi30k) or --d_model, --layers, --ffn_dim; "
+            "or smaller batches (--max_tokens)",
             f"more time: --minutes {needed_minutes:.0f} allows about {self.min_updates} updates at this speed",
         ]
         return fixes
