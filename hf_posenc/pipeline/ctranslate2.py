@@ -37,6 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from transformers import AutoConfig
 
 from ..base import DECODER, ENCODER, STACKS
 from ..registry import POSITION_ENCODINGS, TOKEN_MIXERS
@@ -317,6 +318,8 @@ def export_ctranslate2(model_dir, output_dir, quantization: str | None = None, f
     if quantization is not None and quantization not in QUANTIZATIONS:
         raise ValueError(f"--quantization={quantization!r} is not known; allowed: {', '.join(QUANTIZATIONS)}")
     check_output_folder(output_dir, model_dir, force)
+    if (model_dir / "config.json").is_file():  # refuse from the config alone, before the weights are read
+        check_exportable(AutoConfig.from_pretrained(model_dir))
     model, tokenizer = load_translation_model(model_dir)
     check_exportable(model.config)
     model = model.float().eval()
