@@ -17,7 +17,7 @@ is not, module by module):
   [-k, k] and adds q.w^K[r] (scaled like q.k) and the weights summed per distance times w^V (Shaw Eq. 3-5);
 * `t5_bias`: `relative_attention_bias` with the stack's one table in every layer, bidirectional buckets in the
   encoder and causal ones in the decoder, added after the 1/sqrt(d_h) scaling (`queries_scale` left at its
-  default), `relative_attention_max_distance` = our `relative_attention_max_distance`;
+  default), its `relative_attention_max_distance` = our `t5_bias_max_distance`;
 * `rope`: `rotary_dim=0` (every feature), `rotary_interleave=False` (the "rotate half" pairing we use),
   `rotary_base` = `rope_theta`, positions from 0 in the encoder and the decoding step in the decoder;
 * `alibi` in the decoder only: `alibi` with `alibi_use_positive_positions=False`, which adds m_h (j - (k - 1))
