@@ -29,7 +29,13 @@ RECIPE_COLUMNS = {
     ),
     "batch": lambda r: f"{r['max_tokens']} tokens x {r.get('gradient_accumulation_steps', 1)}",
     "schedule": lambda r: (
-        f"lr {r['learning_rate']} {r['lr_scheduler_type']}, warm-up {r['warmup_steps']}, Adam β2 {r['adam_beta2']}, label smoothing {r['label_smoothing_factor']}"
+        f"lr {r['learning_rate']} "
+        + (
+            f"planned for the budget (warm-up ≤ {r['warmup_steps']}, linear decay)"
+            if r.get("schedule") == "budget" and r.get("minutes")
+            else f"{r['lr_scheduler_type']}, warm-up {r['warmup_steps']}"
+        )
+        + f", Adam β2 {r['adam_beta2']}, label smoothing {r['label_smoothing_factor']}"
     ),
     "budget": lambda r: (
         (f"{r['minutes']} min" if r.get("minutes") else f"{r['max_steps']} updates")
