@@ -14,8 +14,8 @@ the number of updates the budget allows and plans:
 - checkpoints: every `average_share / checkpoints` of the projected updates, so that the averaged last
   checkpoints span the last `average_share` of the plan, where the rate is low;
 - re-planning: every `check_every` updates the speed of the updates since the last check projects the end
-  anew; when the projection moves by more than `replan_factor` (the machine got busier, or free), the decay
-  is re-planned from where it stands, continuously, to the new end.
+  anew; when the updates left move by more than `replan_factor` (the machine got busier, or free) and by at
+  least `check_every` updates, the decay is re-planned from where it stands, continuously, to the new end.
 
 The plan (`SchedulePlan`, a callable the `LambdaLR` scheduler holds) is kept with every checkpoint, logged,
 and written to scores.json and the model card.
@@ -107,11 +107,11 @@ class BudgetSchedule(TrainerCallback, ExportableState):
                 self.replan(state, step, spent, seconds / updates)
         elif updates >= self.check_every:
             end = self.projected_end(step, spent, seconds / updates)
+            left, planned_left = end - step, max(1, self.plan.end - step)
+            moved = not 1 / self.replan_factor <= left / planned_left <= self.replan_factor
             if (
-                not 1 / self.replan_factor
-                <= (end - step) / max(1, self.plan.end - step)
-                <= self.replan_factor
-            ):
+                moved and abs(end - self.plan.end) >= self.check_every
+            ):  # near the end a few updates are no change
                 self.replan(state, step, spent, seconds / updates)
             self.mark = (step, spent)
 
