@@ -13,9 +13,10 @@ the number of updates the budget allows and plans:
 - decay: linear from the peak to `floor` x peak at the projected last update;
 - checkpoints: every `average_share / checkpoints` of the projected updates, so that the averaged last
   checkpoints span the last `average_share` of the plan, where the rate is low;
-- re-planning: every `check_every` updates the speed of the updates since the last check projects the end
-  anew; when the updates left move by more than `replan_factor` (the machine got busier, or free) and by at
-  least `check_every` updates, the decay is re-planned from where it stands, continuously, to the new end.
+- re-planning: every `check_every` updates the speed of all updates since the plan was made projects the end
+  anew (a long window: a checkpoint save or a moment of load does not move it, a machine that stays busier
+  or freer does); when the updates left move by more than `replan_factor` and by at least `check_every`
+  updates, the decay is re-planned from where it stands, continuously, to the new end.
 
 The plan (`SchedulePlan`, a callable the `LambdaLR` scheduler holds) is kept with every checkpoint, logged,
 and written to scores.json and the model card.
@@ -105,15 +106,13 @@ class BudgetSchedule(TrainerCallback, ExportableState):
         if self.plan.end is None:
             if updates >= self.measure_updates or (seconds >= self.measure_seconds and updates > 0):
                 self.replan(state, step, spent, seconds / updates)
-        elif updates >= self.check_every:
+        elif updates % self.check_every == 0:  # the speed since the plan was made, every check_every updates
             end = self.projected_end(step, spent, seconds / updates)
             left, planned_left = end - step, max(1, self.plan.end - step)
             moved = not 1 / self.replan_factor <= left / planned_left <= self.replan_factor
-            if (
-                moved and abs(end - self.plan.end) >= self.check_every
-            ):  # near the end a few updates are no change
+            # near the end a few updates are no change
+            if moved and abs(end - self.plan.end) >= self.check_every:
                 self.replan(state, step, spent, seconds / updates)
-            self.mark = (step, spent)
 
     def projected_end(self, step: int, spent: float, seconds_per_update: float) -> int:
         return step + max(1, int((self.budget_seconds - spent) / seconds_per_update))
