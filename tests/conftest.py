@@ -6,10 +6,12 @@ from pathlib import Path
 import pytest
 import torch
 
+from hf_posenc.pipeline.data import DATA_ROOT
+
 torch.set_num_threads(int(os.environ.get("HF_POSENC_TEST_THREADS", "2")))
 
 REPO = Path(__file__).resolve().parents[1]
-DATA_DIR = REPO.parent / "shared" / "data" / "multi30k"
+DATA_DIR = DATA_ROOT / "multi30k"  # the shipped data: ../shared/data beside the checkout, or $HF_POSENC_DATA
 
 PAD, EOS, VOCAB = 0, 1, 60
 
