@@ -21,11 +21,11 @@ from pathlib import Path
 import torch
 
 from hf_posenc.pipeline.ctranslate2 import CTranslate2Model, export_ctranslate2
-from hf_posenc.pipeline.data import read_parallel
+from hf_posenc.pipeline.data import DATA_ROOT, read_parallel
 from hf_posenc.pipeline.evaluation import load_translation_model, score_translations, translate
 from hf_posenc.pipeline.hardware import describe_hardware
 
-DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "multi30k"
+DATA = DATA_ROOT / "multi30k"
 DOC = Path(__file__).resolve().parents[1] / "docs" / "export.md"
 BEGIN, END = "<!-- ctranslate2-benchmark:begin -->", "<!-- ctranslate2-benchmark:end -->"
 QUANTIZATIONS = ("float32", "int8")
