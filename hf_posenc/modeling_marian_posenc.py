@@ -686,6 +686,18 @@ class MarianPosEncForConditionalGeneration(MarianPosEncPreTrainedModel, Generati
         self.generation_config.max_new_tokens_over_source = MAX_NEW_TOKENS_OVER_SOURCE
         self.generation_config._from_model_config = False  # a deliberate config: keep it on save/load
 
+    def save_pretrained(self, *args, **kwargs):
+        """`PreTrainedModel.save_pretrained`; config.json's `auto_map` also names the base model, so that
+        `AutoModel.from_pretrained(folder, trust_remote_code=True)` works too (transformers writes only the class
+        being saved)."""
+        if self._auto_class is not None:
+            module = type(self).__module__.rsplit(".", 1)[-1]
+            self.config.auto_map = {
+                **(getattr(self.config, "auto_map", None) or {}),
+                "AutoModel": f"{module}.MarianPosEncModel",
+            }
+        return super().save_pretrained(*args, **kwargs)
+
     def get_output_embeddings(self):
         return self.lm_head
 

@@ -2,6 +2,7 @@
 defaults, attention outputs and the loss the Trainer relies on."""
 
 import json
+import subprocess
 import sys
 from pathlib import Path
 
@@ -130,6 +131,22 @@ def test_config_round_trips_through_json_and_auto_config(tmp_path):
     loaded = AutoConfig.from_pretrained(tmp_path)
     assert isinstance(loaded, MarianPosEncConfig)
     assert (loaded.encoder_position_encoding, loaded.decoder_position_encoding) == ("learned", "none")
+
+
+def test_a_saved_folder_loads_as_automodel_with_remote_code_alone(tmp_path):
+    """auto_map names the base model too: `AutoModel` with `trust_remote_code` works without hf_posenc."""
+    tiny_model().save_pretrained(tmp_path)
+    assert json.loads((tmp_path / "config.json").read_text())["auto_map"]["AutoModel"] == (
+        "modeling_marian_posenc.MarianPosEncModel"
+    )
+    script = (
+        "import sys; sys.modules['hf_posenc'] = None\n"
+        "from transformers import AutoModel\n"
+        f"print(type(AutoModel.from_pretrained({str(tmp_path)!r}, trust_remote_code=True)).__name__)"
+    )
+    completed = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert completed.returncode == 0, completed.stderr[-2000:]
+    assert completed.stdout.strip().splitlines()[-1] == "MarianPosEncModel"
 
 
 def test_learned_tables_are_saved_unlike_stock_marian(tmp_path):
