@@ -7,8 +7,7 @@
 trained and measured in a process of its own), the checks of the recorded results and the report.
 """
 
-from hf_posenc.pipeline.cli import run_cli
-from hf_posenc.study.cli import main
+from hf_posenc.study.cli import cli
 
 if __name__ == "__main__":
-    run_cli(main)
+    cli()

@@ -27,6 +27,7 @@ import transformers
 
 from ..analysis.length_generalisation import DEFAULT_K
 from ..pipeline.arguments import recipe_names
+from ..pipeline.cli import run_cli
 from ..pipeline.hardware import describe_hardware
 from .readme import readme_lines, write_readme
 from .report import Report
@@ -147,3 +148,8 @@ def main(argv=None):
     if readme is not None:
         write_readme(report, readme, args.pairs[0])
         logger.info("wrote the results into %s", readme)
+
+
+def cli() -> None:
+    """The `hf-posenc-compare` command."""
+    run_cli(main)
