@@ -11,11 +11,13 @@ as flags (HF's `args.json` convention). Relative data paths of a recipe are read
 
 import json
 import math
+import os
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
+import torch
 import yaml
 from huggingface_hub.errors import StrictDataclassFieldValidationError
 from transformers import HfArgumentParser, Seq2SeqTrainingArguments
@@ -249,6 +251,8 @@ def parse_args(argv=None) -> Arguments:
         flags = " ".join(f"--{name}" for name in sorted(given & set(PRECISION_FIELDS)))
         parser.error(f"set the precision with --precision (auto, bf16, fp16, fp32), not {flags}")
     parser.set_defaults(**recipe)
+    if "use_cpu" not in given and cpu_launch():
+        parser.set_defaults(use_cpu=True)  # the Trainer's processes form their group (gloo) only with use_cpu
     try:
         run, data, model, training = parser.parse_args_into_dataclasses(argv, look_for_args_file=False)
     except ValueError as error:  # the Trainer's own checks of its fields
@@ -261,6 +265,14 @@ def parse_args(argv=None) -> Arguments:
     if "output_dir" not in given:  # the Trainer's own default ("trainer_output") names no run
         training.output_dir = str(OUTPUTS / f"{Path(run.recipe).stem}-{module_name(args)}")
     return args
+
+
+def cpu_launch() -> bool:
+    """Started as one of several processes on CPUs: by `accelerate launch` with `use_cpu: true` (its
+    ACCELERATE_USE_CPU), or by any launcher (WORLD_SIZE > 1) on a machine without an accelerator."""
+    if os.environ.get("ACCELERATE_USE_CPU", "").lower() in ("1", "true", "yes"):
+        return True
+    return int(os.environ.get("WORLD_SIZE", "1")) > 1 and not torch.accelerator.is_available()
 
 
 def given_flags(argv: list[str]) -> set[str]:

@@ -299,7 +299,12 @@ def train(args: Arguments, model, data: PreparedData, precision) -> tuple[Transl
     trainer.add_callback(TrainingProgressCallback(lambda: trainer.target_tokens, args.run.minutes or None))
     check = None
     if args.run.minutes:
-        check = UpdateBudgetCheck(args.run.minutes, precision.precision, describe_hardware(training.device))
+        # a run that must not end degenerate stops when its budget is too short to learn, instead of spending it
+        # (one process: processes that measured apart could disagree, and one would wait for the other)
+        stop = args.run.fail_on_degenerate and training.world_size == 1
+        check = UpdateBudgetCheck(
+            args.run.minutes, precision.precision, describe_hardware(training.device), stop=stop
+        )
         trainer.add_callback(check)
     first_step = json.loads((Path(resume) / "trainer_state.json").read_text())["global_step"] if resume else 0
     started = time.monotonic()
@@ -477,6 +482,15 @@ def main(argv=None) -> dict | None:
     data = prepare_data(args)
     model, precision, backend = build_model(args, data)
     trainer, report = train(args, model, data, precision)
+    if report.budget and report.budget.get("stopped_at") is not None:
+        budget = report.budget
+        raise SystemExit(
+            f"stopped after {budget['stopped_at']} updates: at {budget['seconds_per_update']} s per update the "
+            f"{budget['budget_minutes']:g}-minute budget allows about {budget['updates_allowed_by_budget']} updates, "
+            f"fewer than the {budget['min_updates']} a translation model needs. Fixes: "
+            + "; ".join(budget["fixes"])
+            + " (--fail_on_degenerate false trains anyway)"
+        )
     model, averaged = trained_model(args, trainer)
     leave_process_group()  # the processes need each other no more; the first one evaluates alone
     if model is None:
