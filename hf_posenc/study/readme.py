@@ -8,7 +8,9 @@ from pathlib import Path
 from ..analysis.length_generalisation import cannot_cell
 from .length import joined_at, kept_at_4, kept_cell, kept_over_seeds
 from .results import Results, mean_sd
+from .runs import test_set
 from .tables import REFERENCE_SYSTEM, SYSTEMS, TABLES
+from .verdicts import best_system_text, readme_tally
 
 SUMMARY_START = "<!-- results summary: written by train_scripts/compare.py from results/ -->"
 SUMMARY_END = "<!-- end of results summary -->"
@@ -71,7 +73,9 @@ def module_cells(results: Results, pair: str, system: str) -> tuple[str, str]:
 
 
 def summary(results: Results, pair: str, in_module_table: bool = True) -> list[str]:
-    """The README's summary line of a pair; `in_module_table`: the README's module table shows this pair."""
+    """The README's summary line of a pair: the runs, the reference's and the best mean BLEU (with the best one's
+    verdict, so a tie does not read as a win), the length generalisation and the claims' tally;
+    `in_module_table`: the README's module table shows this pair."""
     recipe = results.args.recipe
     measured = {s.name: runs for s in TABLES["main"] if (runs := results.runs_of(pair, s.name))}
     if not measured:
@@ -83,6 +87,7 @@ def summary(results: Results, pair: str, in_module_table: bool = True) -> list[s
         f"{counts.count(n)} with {n} seed{'s' * (n > 1)}" for n in sorted(set(counts), reverse=True)
     )
     reference = f"{mean[REFERENCE_SYSTEM]:.2f}" if REFERENCE_SYSTEM in mean else NOT_RUN
+    references = test_set(recipe, pair, results.args.test_limit).target
     length = ""
     kept = {system: (cell, ratio) for _, cell, ratio, system in kept_at_4(*results.length_results(pair))}
     if kept:
@@ -104,5 +109,6 @@ def summary(results: Results, pair: str, in_module_table: bool = True) -> list[s
         f"- Comparison of every module (`{recipe}`, {pair}, {results.test_split}, written "
         f"{time.strftime('%Y-%m-%d')}; {results.machines([pair])}): {len(measured)} of {len(TABLES['main'])} "
         f"main-table systems measured ({seeds}). Mean BLEU: `{REFERENCE_SYSTEM}` {reference}, "
-        f"best `{best}` {mean[best]:.2f}.{length} {pointer}[docs/results.md](docs/results.md).",
+        f"{best_system_text(results, pair, references, best, mean[best])}.{length}"
+        f"{readme_tally(results, pair, references)} {pointer}[docs/results.md](docs/results.md).",
     ]

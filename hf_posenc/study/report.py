@@ -1,8 +1,9 @@
-"""docs/results.md, built from the results folder alone: per language pair, every table (BLEU per seed, mean ± sd,
-the gap to the reference system with paired bootstrap resampling per seed, paper 1's marks, and a verdict that
-also needs the gap to exceed the seed noise), length generalisation, the papers' claims, the word-order probe,
-the n-gram sweep (paper 1 Fig. 4) of the best system and pictures of what the models learned about positions.
-Text below the notes marker of an existing report is kept."""
+"""docs/results.md, built from the results folder alone: the papers' claims and how each is tested, then per
+language pair every table (BLEU per seed with marks for how each run was made, mean ± sd, the gap to the
+reference system with paired bootstrap resampling per seed, paper 1's marks, and a verdict that also needs the gap
+to exceed the seed noise), length generalisation, the claims' verdicts with their tally, the verdicts one more
+seed could move, the word-order probe, the n-gram sweep (paper 1 Fig. 4) of the best system and pictures of what
+the models learned about positions. Text below the notes marker of an existing report is kept."""
 
 import statistics
 import time
@@ -15,18 +16,19 @@ from ..pipeline.arguments import load_recipe
 from ..pipeline.evaluation import ngram_sweep, plot_ngram_sweep
 from ..pipeline.hardware import Hardware
 from ..pipeline.systems import paper_deviations
-from .claims import CLAIMS, UNTESTABLE_CLAIMS, claim_verdict
+from .claims import SEED_SDS, SIGNIFICANT_P, STRONG_P, p_text
 from .length import length_section
-from .results import Results, mean_sd
+from .results import KERNEL_NAMES, Results, mean_sd
 from .runs import Run, test_set
-from .tables import REFERENCE_SYSTEM, SYSTEMS, TABLE_TITLES, TABLES, row_config
+from .tables import REFERENCE_SYSTEM, TABLE_TITLES, TABLES, row_config
+from .verdicts import claims_table, detectable, margin_section, pair_evidence, protocol_section, tally
 
 NOTES_MARKER = "<!-- Everything below this line is kept when train_scripts/compare.py rewrites this file. -->"
 
 
 def bootstrap_cell(tests: list[dict]) -> str:
-    """'p=0.012**, p=0.300' for the seeds' BLEU bootstrap tests."""
-    return ", ".join(f"p={test['bleu']['p_value']:.3f}{test['bleu']['significance']}" for test in tests)
+    """'p=0.012**, p=0.300, p=0.0999*' for the seeds' BLEU bootstrap tests (`claims.p_text`)."""
+    return ", ".join(f"p={p_text(test['bleu']['p_value'])}{test['bleu']['significance']}" for test in tests)
 
 
 def table_lines(header: list[str]) -> list[str]:
@@ -44,7 +46,7 @@ class Report(Results):
         self.lines: list[str] = []
 
     def write(self) -> Path:
-        self.lines += self.header()
+        self.lines += [*self.header(), *protocol_section(self)]
         for pair in self.pairs:
             self.pair_section(pair)
         path = Path(self.args.report)
@@ -67,15 +69,24 @@ class Report(Results):
             f"Every run: recipe `{args.recipe}` ({recipe.get('description', '')}), {budget} updates, {averaged}"
             "the same data, tokenizer settings and evaluation (beam 4, length penalty 0.6, source length + 50 new "
             f"tokens; sacreBLEU on detokenised `{self.test_split}`, 1,000 sentences). Machines: {self.machines()}. "
+            f"Attention kernels (each run's own speed probe chooses, pipeline/hardware.py): {self.kernels()}. "
             f"Significance: paired bootstrap resampling ({args.bootstrap_samples} samples) of each seed against the "
-            "reference system's run of the same seed, ** p < 0.05, * p < 0.10 (paper 1's marks). Δ BLEU compares "
-            "with the reference's runs of the same seeds. A gap is **better**/**worse** only if every seed's "
-            "bootstrap is significant (p < 0.10) and it exceeds two standard deviations over seeds (of the system "
-            "or of the reference); otherwise it is a **tie**, measured equal within the noise. Where neither has "
-            "two seeds no noise is measured: **one seed** (no call); where only one side has two, the noise is "
-            "that side's alone and the call is **provisional**. The papers' main tables use Transformer base "
-            "(d_model 512, 6+6 layers, FFN 2048); every module runs at the paper's settings but where the config "
-            "column says otherwise.",
+            f"reference system's run of the same seed, ** p < {STRONG_P:.2f}, * p < {SIGNIFICANT_P:.2f} (paper 1's marks); "
+            "a p-value prints with three decimals, four where three would round it across a level (0.0999, not "
+            "0.100). Δ BLEU compares with the reference's runs of the same seeds. **The better/worse rule**, one "
+            "reading for every verdict column and every > or < claim: a gap is **better**/**worse** only if every "
+            f"paired seed's bootstrap is significant (p < {SIGNIFICANT_P:.2f}) and |Δ| exceeds {SEED_SDS} × the "
+            "**larger** of the two systems' seed standard deviations (each over all its seeds); otherwise it is a "
+            "**tie**. The larger one, because a gap inside the noisier system's own spread is one that retraining "
+            "that system produces by itself; the smaller one (a second reading that 'two standard deviations of "
+            "the system or of the reference' admits) would let the quiet baseline vouch for a system whose seeds do "
+            "not agree. Where neither has two seeds no noise is measured: **one seed** (no call); where only one side "
+            "has two, the bar is that side's alone and the call is **provisional**. Marks after a seed's BLEU, "
+            "each table's footnotes naming the runs: ‡ trained on a GPU; † an update count other than the budget; "
+            "ʳ resumed from a checkpoint after an interruption; ᵏ an attention kernel other than the one most runs "
+            "on its kind of device used; ᵗ a thread count other than most runs'. The papers' main tables use "
+            "Transformer base (d_model 512, 6+6 layers, FFN 2048); every module runs at the paper's settings but "
+            "where the config column says otherwise.",
             "",
         ]
 
@@ -137,37 +148,48 @@ class Report(Results):
             self.lines += [f"{mark}: {', '.join(runs)}.", ""]
 
     def marks(self, run: Run, notes: dict[str, list[str]]) -> str:
-        """† for a run whose updates differ from its budget, ‡ for one trained on a GPU; `notes` collects the
-        footnotes that say which runs and how."""
+        """The marks of how a run was made (the header lists them): † updates other than the budget, ʳ resumed
+        from a checkpoint, ‡ trained on a GPU, ᵏ an attention kernel other than its device's usual one, ᵗ a
+        thread count other than the usual one; `notes` collects the footnotes that say which runs and how."""
         scores, marks, name = self.read(run, "scores.json"), "", f"`{run.system}` seed {run.seed}"
+        hardware, (threads, kernels) = scores["hardware"], self.usual
         if self.budget is not None and scores["steps"] != self.budget:
             marks += "†"
             averaged = scores.get("averaged_checkpoints") or ["the final weights"]
             budget = f"{scores['steps']} updates against a budget of {self.budget}"
             notes.setdefault(f"† {budget}, {averaged[0]} to {averaged[-1]} averaged", []).append(name)
-        if scores["hardware"]["device"] != "cpu":
-            marks += "‡"
-            notes.setdefault(f"‡ trained on {Hardware.from_record(scores['hardware']).line()}", []).append(
-                name
+        if scores.get("resumed_from"):
+            marks += "ʳ"
+            resumed = (
+                "ʳ resumed from a checkpoint after an interruption (the checkpoint; updates of the attempt that "
+                "finished)"
             )
+            updates = scores.get("updates_this_attempt")
+            notes.setdefault(resumed, []).append(
+                f"{name} ({scores['resumed_from']}; {updates} update{'s' * (updates != 1)})"
+            )
+        if hardware["device"] != "cpu":
+            marks += "‡"
+            notes.setdefault(f"‡ trained on {Hardware.from_record(hardware).line()}", []).append(name)
+        kernel, usual = scores.get("attention_backend"), kernels.get(hardware["device"])
+        if kernel and kernel != usual:
+            marks += "ᵏ"
+            device = "CPU" if hardware["device"] == "cpu" else "GPU"
+            other = f"ᵏ {KERNEL_NAMES.get(kernel, kernel)} attention on a {device}, where most {device} runs used "
+            notes.setdefault(other + KERNEL_NAMES.get(usual, usual), []).append(name)
+        if threads is not None and hardware["threads"] != threads:
+            marks += "ᵗ"
+            count = f"ᵗ {hardware['threads']} threads, where most runs used {threads}"
+            notes.setdefault(count, []).append(name)
         return marks
 
     def claims(self, pair: str, references: list[str]) -> None:
-        self.lines += ["### The papers' claims", ""]
-        self.lines += table_lines(["paper", "claim", "system vs reference", "Δ BLEU", "measured", "verdict"])
-        for paper, claim, system, reference, expected in CLAIMS:
-            versus = f"| {paper} | {claim} | `{system}` vs `{reference}` |"
-            if system not in SYSTEMS or reference not in SYSTEMS:
-                self.lines.append(f"{versus} | | not in the tables |")
-                continue
-            runs, _, _, delta, _, measured = self.comparison(pair, system, reference, references)
-            if not runs or delta is None:
-                self.lines.append(f"{versus} | not run | |")
-                continue
-            self.lines.append(f"{versus} {delta:+.2f} | {measured} | {claim_verdict(expected, measured)} |")
-        for paper, claim, reason in UNTESTABLE_CLAIMS:
-            self.lines.append(f"| {paper} | {claim} | | | {reason} | not testable here |")
-        self.lines.append("")
+        """The pair's claims table with its tally and what the seeds can detect, then the verdicts on a
+        margin (`verdicts.py`)."""
+        evidence = pair_evidence(self, pair, references)
+        self.lines += ["### The papers' claims", "", *claims_table(evidence), ""]
+        self.lines += [f"Tally, {tally(evidence)}. {detectable(evidence)}".rstrip(), ""]
+        self.lines += margin_section(self, pair, evidence, references)
 
     def probe_table(self, pair: str) -> None:
         self.lines += [

@@ -7,14 +7,19 @@ import json
 import logging
 import math
 import statistics
+from collections import Counter
+from functools import cached_property
 from pathlib import Path
+
+import numpy as np
 
 from ..configuration_marian_posenc import MarianPosEncConfig
 from ..pipeline.arguments import load_recipe
 from ..pipeline.data import read_lines
 from ..pipeline.evaluation import degenerate_output, paired_bootstrap
 from ..pipeline.hardware import Hardware
-from .claims import verdict
+from .bootstrap import bootstrap_gaps, percentile_interval, sentence_statistics
+from .claims import CONFIDENCE, Interval, verdict
 from .runs import SETTINGS, Run, data_settings, done
 from .tables import SYSTEMS
 
@@ -46,6 +51,10 @@ HARDWARE_FIELDS = {"device": "text", "name": "text", "capability": "text", "thre
 SETTINGS_FIELDS = {"train_arguments": "a list", "recipe": "an object", "length_k": "a list"}
 PROBE_FIELDS = {"equivariance_gap": "a number", "bleu_vs_original": "a number"}
 PROBE_KINDS = ("shuffle", "local_swap")
+KERNEL_NAMES = {
+    "eager": "eager",
+    "sdpa": "SDPA",
+}  # scores.json's attention_backend -> how the report names it
 LENGTH_SERIES = {"joined": "k", "buckets": "bucket"}  # series -> the field that labels its rows
 LENGTH_ROW_FIELDS = {
     "inputs": "a whole number",
@@ -164,6 +173,8 @@ class Results:
         self.args = args
         self.root = Path(args.results_dir)
         self.bootstraps: dict[tuple[Run, Run], dict] = {}
+        self.sentence_statistics: dict[Run, np.ndarray] = {}
+        self.intervals: dict[tuple[str, str, str], Interval | None] = {}
         self.current: dict[Run, bool] = {}  # finished run -> made with this report's settings
         finished = finished_runs(self.root, args.recipe)
         self.seeds = sorted({*args.seeds, *(int(folder.name.removeprefix("seed")) for folder in finished)})
@@ -212,16 +223,20 @@ class Results:
             )
         return self.bootstraps[run, reference]
 
+    def paired(self, pair: str, system: str, reference: str) -> tuple[list[Run], dict[int, Run]]:
+        """The system's runs whose seed the reference has too, and the reference's runs by seed."""
+        base = {run.seed: run for run in self.runs_of(pair, reference)}
+        return [run for run in self.runs_of(pair, system) if run.seed in base], base
+
     def comparison(self, pair: str, system: str, reference: str, references: list[str]):
         """(runs, BLEU per seed, reference BLEU per seed, delta, bootstrap tests, verdict) of two systems: delta and
         bootstrap over the seeds both have."""
         runs, reference_runs = self.runs_of(pair, system), self.runs_of(pair, reference)
         bleu = [self.bleu(run) for run in runs]
-        base = {run.seed: run for run in reference_runs}
         base_bleu = [self.bleu(run) for run in reference_runs]
         if system == reference:
             return runs, bleu, base_bleu, None, [], verdict(None, bleu, base_bleu, [])
-        paired = [run for run in runs if run.seed in base]
+        paired, base = self.paired(pair, system, reference)
         if not paired:
             return runs, bleu, base_bleu, None, [], f"no {reference} run of these seeds"
         tests = [self.bootstrap(run, base[run.seed], references) for run in paired]
@@ -229,6 +244,29 @@ class Results:
             self.bleu(base[r.seed]) for r in paired
         )
         return runs, bleu, base_bleu, delta, tests, verdict(delta, bleu, base_bleu, tests)
+
+    def statistics(self, run: Run, references: list[str]) -> np.ndarray:
+        """The run's per-sentence BLEU statistics (`bootstrap.sentence_statistics`), once per run."""
+        if run not in self.sentence_statistics:
+            self.sentence_statistics[run] = sentence_statistics(self.hypotheses(run), references)
+        return self.sentence_statistics[run]
+
+    def interval(self, pair: str, system: str, reference: str, references: list[str]) -> Interval | None:
+        """The seeds × sentences bootstrap interval (`bootstrap.py`, `CONFIDENCE`) of the gap system − reference
+        over the seeds both have, once per pair of systems; None with fewer than two such seeds (one seed shows
+        no seed noise)."""
+        key = (pair, system, reference)
+        if key not in self.intervals:
+            paired, base = self.paired(pair, system, reference)
+            self.intervals[key] = None
+            if len(paired) >= 2:
+                gaps = bootstrap_gaps(
+                    [self.statistics(run, references) for run in paired],
+                    [self.statistics(base[run.seed], references) for run in paired],
+                    self.args.bootstrap_samples,
+                )
+                self.intervals[key] = Interval(*percentile_interval(gaps, CONFIDENCE), len(paired))
+        return self.intervals[key]
 
     def length_runs(self, pair: str, system: str) -> tuple[list[dict], bool]:
         """(the length-generalisation results of the system's runs that are not degenerate, False), or (those
@@ -248,12 +286,36 @@ class Results:
                     degenerate.add(system)
         return results, degenerate
 
+    def scores(self, pairs: list[str] | None = None) -> list[dict]:
+        """The scores.json of every run of `pairs` (default: every reported pair)."""
+        runs = (r for pair in pairs or self.pairs for s in SYSTEMS for r in self.runs_of(pair, s))
+        return [self.read(run, "scores.json") for run in runs]
+
     def machines(self, pairs: list[str] | None = None) -> str:
         """The machines that trained the runs of `pairs` (default: every reported pair), with their counts."""
-        lines = {}
-        for run in (r for pair in pairs or self.pairs for s in SYSTEMS for r in self.runs_of(pair, s)):
-            scores = self.read(run, "scores.json")
-            key = f"{Hardware.from_record(scores['hardware']).line()}, {scores['precision']}"
-            lines[key] = lines.get(key, 0) + 1
+        lines = Counter(
+            f"{Hardware.from_record(scores['hardware']).line()}, {scores['precision']}"
+            for scores in self.scores(pairs)
+        )
         counted = (f"{line} ({count} run{'s' * (count != 1)})" for line, count in lines.items())
         return "; ".join(counted) or "no run yet"
+
+    def kernels(self) -> str:
+        """The attention kernels of the report's runs, with their counts: 'eager (107 runs), SDPA (45 runs)'."""
+        kernels = Counter(scores.get("attention_backend") or "not recorded" for scores in self.scores())
+        counted = (f"{KERNEL_NAMES.get(k, k)} ({n} run{'s' * (n != 1)})" for k, n in kernels.most_common())
+        return ", ".join(counted) or "no run yet"
+
+    @cached_property
+    def usual(self) -> tuple[int | None, dict[str, str]]:
+        """The thread count most of the report's runs trained with, and per device type (cpu, cuda) the attention
+        kernel most of its runs used (runs from before the kernel was recorded do not count): a run that differs
+        is marked in the tables."""
+        records = self.scores()
+        threads = Counter(scores["hardware"]["threads"] for scores in records).most_common(1)
+        kernels: dict[str, Counter] = {}
+        for scores in records:
+            if scores.get("attention_backend"):
+                kernels.setdefault(scores["hardware"]["device"], Counter())[scores["attention_backend"]] += 1
+        usual_kernels = {device: count.most_common(1)[0][0] for device, count in kernels.items()}
+        return (threads[0][0] if threads else None), usual_kernels

@@ -21,12 +21,18 @@ from pathlib import Path
 
 import torch
 
-from ..analysis.length_generalisation import length_generalisation_for_model_dir
+from ..analysis.length_generalisation import (
+    DEFAULT_BUCKET_EDGES,
+    check_group_sizes,
+    join_consecutive,
+    measure_length_generalisation,
+    text_fingerprint,
+)
 from ..analysis.word_order_probe import word_order_probe
 from ..pipeline.arguments import ARGUMENT_CLASSES, load_recipe
 from ..pipeline.arguments import parse_args as parse_train_args
 from ..pipeline.data import read_split
-from ..pipeline.evaluation import load_translation_model
+from ..pipeline.evaluation import load_translation_model, translate
 from ..pipeline.hardware import choose_precision
 from .tables import SYSTEMS, TABLES
 
@@ -34,6 +40,8 @@ logger = logging.getLogger(__name__)
 LOG_FORMAT = "%(asctime)s %(name)s: %(message)s"
 TRAIN_SCRIPT = Path(__file__).resolve().parents[2] / "train_scripts" / "train.py"
 SETTINGS = "settings.json"  # written last: a run folder that holds it is finished
+# What a run wrote for the inputs of k joined test sentences (the length harness keeps only their scores).
+JOINED_TRANSLATIONS = "length.hyp.k{k}.{lang}.gz"
 
 
 @dataclass(frozen=True)
@@ -216,12 +224,49 @@ def measure(run: Run, models: Path, results: Path, args) -> None:
     probes = word_order_probe(
         model, tokenizer, sources, num_permutations=2, num_beams=1, max_new_tokens=64, bf16=bf16
     )
-    length = length_generalisation_for_model_dir(models, test.source, test.target, args.length_k, bf16=bf16)
+    length, joined = length_harness(models, test, args.length_k, bf16)
     results.mkdir(parents=True, exist_ok=True)
     probe = {"sentences": args.probe_sentences, **{p.kind: vars(p) for p in probes}}
     (results / "word_order_probe.json").write_text(json.dumps(probe, indent=2) + "\n")
     (results / "length_generalisation.json").write_text(json.dumps(length, indent=2) + "\n")
+    for k, hypotheses in joined.items():
+        text = "".join(f"{line}\n" for line in hypotheses).encode()
+        (results / JOINED_TRANSLATIONS.format(k=k, lang=run.target_lang)).write_bytes(
+            gzip.compress(text, mtime=0)
+        )
     shutil.copy(models / "scores.json", results / "scores.json")
     hypotheses = (models / f"test.hyp.{run.target_lang}").read_bytes()
     (results / f"test.hyp.{run.target_lang}.gz").write_bytes(gzip.compress(hypotheses, mtime=0))
     (results / SETTINGS).write_text(json.dumps(run_settings(run, args), indent=2) + "\n")
+
+
+def length_harness(models: Path, test, k: list[int], bf16: bool) -> tuple[dict, dict[int, list[str]]]:
+    """The length harness (`analysis.length_generalisation`, as its `length_generalisation_for_model_dir` runs
+    it, with the same settings record) on the trained model, and what the model wrote for the inputs of every
+    k > 1 joined sentences: the harness keeps only their scores, and the translations are what shows how a model
+    fails there (one sentence written for four). A k whose inputs need more positions than the model holds has
+    no translations."""
+    model, tokenizer = load_translation_model(models)
+    if torch.cuda.is_available():
+        model = model.cuda()
+    inputs = {tuple(join_consecutive(test.source, test.target, size)[0]): size for size in k if size > 1}
+    written: dict[int, list[str]] = {}
+
+    def translator(sources: list[str]) -> list[str]:
+        hypotheses = translate(model, tokenizer, sources, bf16=bf16)
+        if (size := inputs.get(tuple(sources))) is not None:
+            written[size] = hypotheses
+        return hypotheses
+
+    def count_tokens(sources: list[str]) -> list[int]:
+        return [len(ids) for ids in tokenizer(sources)["input_ids"]]
+
+    result = measure_length_generalisation(translator, count_tokens, test.source, test.target, k)
+    result["max_position_embeddings"] = getattr(model.config, "max_position_embeddings", None)
+    settings = {
+        "text_sha256": text_fingerprint(test.source, test.target),
+        "k": check_group_sizes(k),
+        "bucket_edges": list(DEFAULT_BUCKET_EDGES),
+        "bf16": bf16,
+    }
+    return {"settings": settings, **result}, written
