@@ -174,8 +174,9 @@ def test_bf16_translation_decodes_under_bf16_autocast(model_and_tokenizer, monke
 
 def test_sacrebleu_scores_a_corpus_in_one_place():
     """Issue #47: BLEU and chrF come from `evaluation.corpus_score` alone (through `score_translations` or
-    `ngram_sweep`); no other module of the package or the scripts scores a corpus, and the unused `evaluate`
-    metric of train_scripts/metrics/ is gone."""
+    `ngram_sweep`); no other module of the package or the scripts scores a corpus (the study's bootstrap sums
+    sentence statistics, checked against `corpus_score` in test_verdicts), and the unused `evaluate` metric of
+    train_scripts/metrics/ is gone."""
     scoring = re.compile(r"\bcorpus_bleu\(|\bcorpus_chrf\(|\.corpus_score\(")
     sources = [*(REPO / "hf_posenc").rglob("*.py"), *(REPO / "train_scripts").rglob("*.py")]
     places = []

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 from sacrebleu.metrics import BLEU
 
+from hf_posenc.pipeline import evaluation
 from hf_posenc.pipeline.hardware import Hardware
 from hf_posenc.study import bootstrap, claims, cli, report, runs, verdicts
 from hf_posenc.study.claims import MARGIN, Interval, claim_verdict, interval_verdict
@@ -45,21 +46,23 @@ def interval_of(system, reference) -> Interval:
     return Interval(*bootstrap.percentile_interval(gaps, claims.CONFIDENCE), len(system))
 
 
-def test_corpus_bleu_from_sentence_statistics_is_sacrebleus_score():
-    """The bootstrap's BLEU of summed sentence statistics is sacreBLEU's corpus BLEU (13a, exp smoothing),
-    including its smoothing of orders without a match and its zero for no match at all."""
+def test_bleu_of_summed_sentence_statistics_is_the_corpus_score():
+    """The bootstrap's BLEU of summed sentence statistics is the project's one corpus score
+    (`evaluation.corpus_score`: sacreBLEU, 13a, exp smoothing), including its smoothing of orders without a match
+    and its zero for no match at all."""
     hypotheses = ["Ein Mann fährt Fahrrad.", "Zwei Hunde spielen im Schnee", "Eine Frau", "x y z"]
     references = ["Ein Mann fährt ein Fahrrad.", "Zwei Hunde spielen im Schnee.", "Eine Frau singt.", "a b c"]
     statistics = bootstrap.sentence_statistics(hypotheses, references)
-    expected = BLEU().corpus_score(hypotheses, [references]).score
-    assert bootstrap.corpus_bleu(statistics.sum(axis=0)) == pytest.approx(expected, abs=1e-9)
+    expected = evaluation.corpus_score(BLEU(), hypotheses, references).score
+    assert bootstrap.bleu_of_statistics(statistics.sum(axis=0)) == pytest.approx(expected, abs=1e-9)
     rng = np.random.default_rng(3)
     for _ in range(500):
         total = rng.integers(0, 12, 4)
         matched = np.minimum(total, rng.integers(0, 4, 4) * (rng.random(4) < 0.6))
         lengths = [int(rng.integers(0, 20)), int(rng.integers(1, 20))]
         score = BLEU.compute_bleu(list(matched), list(total), *lengths, smooth_method="exp").score
-        assert bootstrap.corpus_bleu(np.array([*lengths, *matched, *total])) == pytest.approx(score, abs=1e-9)
+        statistics = np.array([*lengths, *matched, *total])
+        assert bootstrap.bleu_of_statistics(statistics) == pytest.approx(score, abs=1e-9)
 
 
 def test_the_seeds_share_one_resample_of_the_test_sentences():
@@ -89,7 +92,7 @@ def test_tost_a_real_one_bleu_difference_is_not_equivalent():
     systems = [shifted(reference, 1, 0.18, rng) for reference in references]
     gap = np.mean(
         [
-            bootstrap.corpus_bleu(s.sum(0)) - bootstrap.corpus_bleu(r.sum(0))
+            bootstrap.bleu_of_statistics(s.sum(0)) - bootstrap.bleu_of_statistics(r.sum(0))
             for s, r in zip(systems, references, strict=True)
         ]
     )

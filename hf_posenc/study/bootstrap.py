@@ -40,7 +40,7 @@ def sentence_statistics(hypotheses: list[str], references: list[str]) -> np.ndar
     return np.array(rows, dtype=np.int64).reshape(len(rows), STATISTICS)
 
 
-def corpus_bleu(statistics: np.ndarray) -> np.ndarray:
+def bleu_of_statistics(statistics: np.ndarray) -> np.ndarray:
     """sacreBLEU's corpus BLEU (`BLEU.compute_bleu`, exponential smoothing) of summed statistics
     (..., STATISTICS) -> (...): the geometric mean of the n-gram precisions times the brevity penalty; an order
     without a match counts 1 / (2^k · total) for its k-th such order; no match at all, or an order with no
@@ -78,7 +78,7 @@ def bootstrap_gaps(
     weights = rng.multinomial(count, np.full(count, 1.0 / count), size=samples)  # (samples, sentences)
     gaps = np.stack(
         [
-            corpus_bleu(weights @ ours) - corpus_bleu(weights @ theirs)
+            bleu_of_statistics(weights @ ours) - bleu_of_statistics(weights @ theirs)
             for ours, theirs in zip(system, reference, strict=True)
         ],
         axis=1,
