@@ -72,7 +72,9 @@ class PositionAttention(PositionMixer):
 
     citations = (PAPER_2,)
     hyperparameters = {
-        "position_attention_gating": Hyperparameter(bool, True, "Eq. 4 gating (False: Table 6 'without gating')"),
+        "position_attention_gating": Hyperparameter(
+            bool, True, "Eq. 4 gating (False: Table 6 'without gating')"
+        ),
         "position_attention_precomputed": Hyperparameter(
             bool,
             False,

@@ -154,9 +154,7 @@ def test_t5_buckets_match_transformers_t5(bidirectional, num_buckets, max_distan
 @pytest.mark.parametrize("stack, past", [("encoder", 0), ("decoder", 0), ("decoder", 3)])
 def test_t5_bias_is_the_stack_table_at_transformers_buckets(stack, past):
     """bias_h(i, j) = b_h[bucket(j - i)] from the stack's one table, the same in every layer, cached or not."""
-    model = tiny_model(
-        position_encoding="t5_bias", t5_bias_num_buckets=8, t5_bias_max_distance=8
-    )
+    model = tiny_model(position_encoding="t5_bias", t5_bias_num_buckets=8, t5_bias_max_distance=8)
     encoding = getattr(model.model, stack).position_encoding
     table = encoding.table  # (buckets, H)
     if stack == "encoder":
@@ -196,9 +194,7 @@ def test_bias_gradients_are_the_same_under_activation_checkpointing(encoding_nam
 
 def test_t5_bias_attention_equals_the_loop_with_padding():
     """The bias folded into SDPA's mask gives softmax(q.k / sqrt(d) + b_h[bucket(j - i)]) over real keys."""
-    model = tiny_model(
-        position_encoding="t5_bias", t5_bias_num_buckets=8, t5_bias_max_distance=8
-    )
+    model = tiny_model(position_encoding="t5_bias", t5_bias_num_buckets=8, t5_bias_max_distance=8)
     table = model.model.encoder.position_encoding.table
     context, mask = encoder_context(model, [9, 5], 9)
 

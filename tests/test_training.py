@@ -98,6 +98,10 @@ def test_tiny_training_run_writes_a_hub_ready_folder_that_loads_without_the_pack
     assert card.startswith("---\n") and "model-index:" in card and f"value: {scores['bleu']}" in card
     assert "library_name: transformers" in card and "position-encoding-learned" in card
     assert "Departs from the papers' settings: nowhere." in card
+    # the training data as read and filtered (corpus.py), in scores.json and the card
+    data = scores["data"]
+    assert data["pairs_read"] == data["pairs_kept"] + sum(data["skipped"].values())
+    assert f"{data['pairs_read']:,} pairs read, {data['pairs_kept']:,} kept; skipped" in card
     assert (
         "Gehring et al. 2017" in card
         and "trust_remote_code=True" in card

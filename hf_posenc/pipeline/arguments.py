@@ -82,13 +82,62 @@ class DataArguments:
     test_target: str | None = None
     hf_dataset: str | None = field(default=None, metadata={"help": "training data from `datasets` (online)"})
     hf_config: str | None = None
-    empty_lines: Literal["error", "skip"] = "error"
+    empty_lines: Literal["error", "skip"] | None = field(
+        default=None,
+        metadata={
+            "help": "pairs with an empty side; unset: training pairs skipped and counted, an empty validation or "
+            "test line an error; error: an error everywhere; skip: skipped and counted everywhere"
+        },
+    )
     train_limit: int | None = field(default=None, metadata={"help": "use only the first N training pairs"})
     test_limit: int | None = field(default=None, metadata={"help": "evaluate only the first N test pairs"})
     vocab_size: int = field(default=8000, metadata={"help": "joint BPE vocabulary size"})
-    max_length: int = field(default=128, metadata={"help": "longest tokenised training sentence accepted"})
+    tokenizer_name_or_path: str | None = field(
+        default=None,
+        metadata={
+            "help": "reuse a fast tokenizer (a folder with tokenizer.json, e.g. a previous run's, or a Hub id) "
+            "instead of learning a BPE; it needs a pad and an end token, and must end every sequence with it"
+        },
+    )
+    bpe_sample_pairs: int = field(
+        default=1_000_000,
+        metadata={
+            "help": "learn the BPE on at most N training pairs (a fixed uniform sample; all pairs if fewer): "
+            "bounds the memory of BPE learning whatever the corpus size"
+        },
+    )
+    max_length: int = field(
+        default=128,
+        metadata={
+            "help": "longest tokenised training sentence accepted; longer training pairs are skipped and counted"
+        },
+    )
     max_train_length: int | None = field(
-        default=None, metadata={"help": "train only on pairs of at most N tokens (train short, test long)"}
+        default=None,
+        metadata={
+            "help": "train only on pairs of at most N tokens (train short, test long); longer ones are skipped "
+            "and counted"
+        },
+    )
+    max_length_ratio: float = field(
+        default=9.0,
+        metadata={
+            "help": "skip (and count) training pairs whose longer side has more than R times the tokens of the "
+            "shorter (Moses clean-corpus-n.perl -ratio, default 9; 0: no ratio filter)"
+        },
+    )
+    data_cache_dir: str | None = field(
+        default=None,
+        metadata={
+            "help": "where the tokenised training corpus and learned tokenizers are cached and reused by later "
+            "and resumed runs (default: $HF_POSENC_CACHE, else ~/.cache/hf_posenc); safe to delete"
+        },
+    )
+    preprocessing_num_workers: int | None = field(
+        default=None,
+        metadata={
+            "help": "processes tokenising the training corpus (default: one per 100k pairs, at most the cores)"
+        },
     )
     concat_probability: float = field(
         default=0.0,
@@ -104,6 +153,22 @@ class DataArguments:
         default=None,
         metadata={"help": "padded tokens per batch (None: per_device_train_batch_size sentences)"},
     )
+
+    def __post_init__(self):
+        if self.bpe_sample_pairs < 1:
+            raise ValueError(f"--bpe_sample_pairs={self.bpe_sample_pairs} must be at least 1")
+        if not (
+            math.isfinite(self.max_length_ratio)
+            and (self.max_length_ratio == 0 or self.max_length_ratio >= 1)
+        ):
+            raise ValueError(
+                f"--max_length_ratio={self.max_length_ratio} must be 0 (no ratio filter) or a finite number of at "
+                "least 1 (a pair's longer side over its shorter)"
+            )
+        if self.preprocessing_num_workers is not None and self.preprocessing_num_workers < 1:
+            raise ValueError(
+                f"--preprocessing_num_workers={self.preprocessing_num_workers} must be at least 1"
+            )
 
 
 DATA_PATH_FIELDS = tuple(

@@ -24,13 +24,19 @@ choices below are ours:
 * The result is pure and deterministic for a seed (its own `random.Random`, no global state).
 
 Joined examples are up to max(group_sizes) times longer than the longest training pair: when training
-sentences are first limited to a length (train short, test long), augment *after* that filter, and keep the
-tokenised `max_length` large enough for the joined examples (`tokenize_parallel` rejects longer pairs loudly).
+sentences are first limited to a length (train short, test long), augment *after* that filter. The training
+corpus (`corpus.py`) does: it walks the pairs its filters keep, joins their cached token ids (the end token of
+every part but the last dropped, which is what tokenising the joined text gives for text that does not start
+with a space), and leaves the parts of a joined example longer than `max_length` tokens as examples on their
+own (counted), so that every kept pair is trained on and every batch fits `max_tokens`.
 """
 
 import logging
 import random
+from array import array
 from collections.abc import Sequence
+
+import numpy as np
 
 from .data import ParallelText
 
@@ -49,22 +55,33 @@ def check_augmentation(probability: float, group_sizes: Sequence[int]) -> tuple[
     return float(probability), sizes
 
 
+def concatenation_groups(
+    count: int, probability: float, group_sizes: Sequence[int] = (2,), seed: int = 0
+) -> np.ndarray:
+    """Where each example of the walk described in the module docstring starts, over `count` pairs: `starts`
+    (int64, one more than there are examples, ending with `count`); example e holds pairs
+    `starts[e]:starts[e + 1]`. Only numbers: the training corpus joins its cached token ids with it."""
+    probability, sizes = check_augmentation(probability, group_sizes)
+    rng = random.Random(seed)
+    starts = array("q", [0])  # 8 bytes an example, not a Python int
+    start = 0
+    while start < count:
+        size = rng.choice(sizes) if rng.random() < probability else 1
+        start = min(start + size, count)
+        starts.append(start)
+    return np.frombuffer(starts, dtype=np.int64)
+
+
 def concatenate_consecutive(
     text: ParallelText, probability: float, group_sizes: Sequence[int] = (2,), seed: int = 0
 ) -> ParallelText:
     """`text` with each emitted example, with probability `probability`, a join of consecutive pairs (see the
     module docstring). The same arguments always give the same result."""
     probability, sizes = check_augmentation(probability, group_sizes)
-    rng = random.Random(seed)
-    source, target, joined = [], [], 0
-    start = 0
-    while start < len(text):
-        size = rng.choice(sizes) if rng.random() < probability else 1
-        end = min(start + size, len(text))
-        source.append(" ".join(text.source[start:end]))
-        target.append(" ".join(text.target[start:end]))
-        joined += end - start > 1
-        start = end
+    starts = concatenation_groups(len(text), probability, sizes, seed).tolist()
+    source = [" ".join(text.source[start:end]) for start, end in zip(starts, starts[1:], strict=False)]
+    target = [" ".join(text.target[start:end]) for start, end in zip(starts, starts[1:], strict=False)]
+    joined = sum(end - start > 1 for start, end in zip(starts, starts[1:], strict=False))
     logger.info(
         "concatenation augmentation: %d of %d examples join 2 or more of the %d training pairs",
         joined,

@@ -2,76 +2,124 @@
 
 Examples of similar length are grouped so that a batch's padded size, batch_size × longest example, stays
 within `max_tokens`. Batches are formed from a length-sorted order with seeded noise and shuffled every
-epoch: deterministic per (seed, epoch). Under Accelerate the batch sampler is sharded per process by
-`accelerator.prepare`, so each rank sees different batches.
+epoch: deterministic per (seed, epoch), so a resumed run, whose Trainer skips the batches it already trained
+on, sees the very batches the interrupted run would have. Under Accelerate the batch sampler is sharded per
+process by `accelerator.prepare`, so each rank sees different batches.
+
+The sampler holds numpy arrays (the lengths, the sorted order, the batch boundaries), a few bytes per example
+and no Python object per example, so that millions of cached pairs batch in memory that does not grow with
+Python objects; a batch becomes a list of indices only when the DataLoader asks for it.
 """
 
 import math
+from collections.abc import Sequence
 
+import numpy as np
 import torch
+from datasets import Dataset
+from datasets.arrow_dataset import Column
+
+
+def as_lengths(lengths) -> np.ndarray:
+    """Example lengths as an int64 array: from a list, an array, or a `datasets` column, read as one Arrow
+    column (iterating it element by element takes seconds per million examples, and a list of its values
+    costs a Python int each)."""
+    if isinstance(lengths, Column) and isinstance(lengths.source, Dataset):
+        name = lengths.column_name
+        lengths = lengths.source.select_columns([name]).with_format("arrow")[:].column(name).to_numpy()
+    return np.asarray(lengths, dtype=np.int64)
+
+
+def batch_offsets(sorted_lengths: np.ndarray, max_tokens: int) -> np.ndarray:
+    """Boundaries of greedy batches over ascending lengths: batch b is `sorted[offsets[b]:offsets[b + 1]]`, as
+    many examples as fit, size × its longest (its last) example <= max_tokens. The size a batch starting at i
+    can take is found by bisection (size × sorted[i + size - 1] grows with size): one Python step per batch,
+    not per example."""
+    count = len(sorted_lengths)
+    offsets = [0]
+    start = 0
+    while start < count:
+        low, high = 1, min(count - start, max(1, max_tokens // max(1, int(sorted_lengths[start]))))
+        while low < high:  # the largest size that fits, at least 1
+            middle = (low + high + 1) // 2
+            if middle * int(sorted_lengths[start + middle - 1]) <= max_tokens:
+                low = middle
+            else:
+                high = middle - 1
+        start += low
+        offsets.append(start)
+    return np.asarray(offsets, dtype=np.int64)
 
 
 class TokenBudgetBatchSampler:
-    """Yields lists of example indices; `set_epoch` reshuffles (the Trainer calls it each epoch)."""
+    """Yields lists of example indices; `set_epoch` reshuffles (the Trainer calls it each epoch).
 
-    def __init__(self, lengths: list[int], max_tokens: int, seed: int = 0, shuffle: bool = True):
-        longest = max(lengths)
+    Batch boundaries depend only on the sorted lengths, so they are found once; an epoch's order (length, then
+    seeded noise, as Python's sort on (length, noise) would give) and its batch permutation are drawn from
+    `torch.Generator().manual_seed(seed + epoch)` when that epoch is first iterated."""
+
+    def __init__(self, lengths: Sequence[int], max_tokens: int, seed: int = 0, shuffle: bool = True):
+        self.lengths = as_lengths(lengths)  # (N,)
+        longest = int(self.lengths.max())
         if max_tokens < longest:
             raise ValueError(
                 f"max_tokens={max_tokens} is smaller than the longest example ({longest} tokens, example "
-                f"{lengths.index(longest)}); raise max_tokens or filter long examples"
+                f"{int(self.lengths.argmax())}); raise max_tokens or filter long examples"
             )
-        self.lengths = torch.as_tensor(lengths)
         self.max_tokens = max_tokens
         self.seed = seed
         self.shuffle = shuffle
         self.epoch = 0
-        self.batches = self.make_batches()
+        self.sorted_lengths = np.sort(self.lengths)  # (N,)
+        self.offsets = batch_offsets(self.sorted_lengths, max_tokens)  # (B + 1,)
+        self.drawn_epoch = None  # the epoch `order` and `permutation` belong to
+        # (N,) example indices by length, ties in seeded random order; (B,) the order batches are served in
+        self.order = np.empty(0, dtype=np.int64)
+        self.permutation = np.empty(0, dtype=np.int64)
 
     def set_epoch(self, epoch: int):
         self.epoch = epoch
-        self.batches = self.make_batches()
 
-    def make_batches(self) -> list[list[int]]:
+    def draw(self) -> None:
+        """The sorted order and batch permutation of the current epoch (once per epoch)."""
+        if self.drawn_epoch == self.epoch:
+            return
         generator = torch.Generator().manual_seed(self.seed + self.epoch)
-        # Sort by length with a random tie-break, so batch composition changes between epochs.
-        noise = (
-            torch.rand(len(self.lengths), generator=generator)
-            if self.shuffle
-            else torch.zeros(len(self.lengths))
+        count = len(self.lengths)
+        noise = torch.rand(count, generator=generator) if self.shuffle else torch.zeros(count)
+        self.order = np.lexsort((noise.numpy(), self.lengths))  # by length, then noise; stable on full ties
+        batches = len(self.offsets) - 1
+        self.permutation = (
+            torch.randperm(batches, generator=generator).numpy() if self.shuffle else np.arange(batches)
         )
-        order = sorted(range(len(self.lengths)), key=lambda i: (int(self.lengths[i]), float(noise[i])))
-        batches, current, current_longest = [], [], 0
-        for index in order:
-            longest = max(current_longest, int(self.lengths[index]))
-            if current and longest * (len(current) + 1) > self.max_tokens:
-                batches.append(current)
-                current, longest = [], int(self.lengths[index])
-            current.append(index)
-            current_longest = longest
-        if current:
-            batches.append(current)
-        if self.shuffle:
-            permutation = torch.randperm(len(batches), generator=generator).tolist()
-            batches = [batches[i] for i in permutation]
-        return batches
+        self.drawn_epoch = self.epoch
 
     def __iter__(self):
-        return iter(self.batches)
+        self.draw()
+        order, offsets = self.order, self.offsets
+        for batch in self.permutation:
+            yield order[offsets[batch] : offsets[batch + 1]].tolist()
 
     def __len__(self):
-        return len(self.batches)
+        return len(self.offsets) - 1
+
+    @property
+    def batches(self) -> list[list[int]]:
+        """This epoch's batches as lists (one list per batch: for inspection and tests, not for training)."""
+        return list(self)
 
     def padding_ratio(self) -> float:
         """Share of padded positions in the batches (0 = no padding)."""
-        padded = sum(len(b) * int(self.lengths[b].max()) for b in self.batches)
+        sizes = np.diff(self.offsets)  # (B,)
+        longest = self.sorted_lengths[self.offsets[1:] - 1]  # (B,) the last of a batch is its longest
+        padded = int((sizes * longest).sum())
         real = int(self.lengths.sum())
         return 1 - real / padded if padded else 0.0
 
 
-def random_batches_padding_ratio(lengths: list[int], batch_size: int, seed: int = 0) -> float:
+def random_batches_padding_ratio(lengths: Sequence[int], batch_size: int, seed: int = 0) -> float:
     """Padding share of plain random batches of `batch_size` examples, for comparison."""
-    lengths = torch.as_tensor(lengths)
+    lengths = torch.from_numpy(as_lengths(lengths).copy())  # an Arrow column is read-only
     order = torch.randperm(len(lengths), generator=torch.Generator().manual_seed(seed))
     padded = sum(len(chunk) * int(lengths[chunk].max()) for chunk in order.split(batch_size))
     return 1 - int(lengths.sum()) / padded if padded else math.nan

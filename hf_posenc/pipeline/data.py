@@ -1,14 +1,19 @@
 """Reading parallel text: local files (plain or gzip, one sentence per line) and HF `datasets` splits.
 
-Bad input fails loudly with the file and the counts: a missing file, source/target line counts that
-differ, an empty split, empty lines (rejected by default, or dropped in pairs and counted with
-`empty_lines="skip"`). Nothing is truncated or dropped silently.
+Bad input fails loudly with the file and the counts: a missing file, a byte that is not UTF-8, source/target
+line counts that differ, an empty split, empty lines (rejected by default, or dropped in pairs and counted
+with `empty_lines="skip"`). Nothing is truncated or dropped silently.
+
+Validation and test sets are read whole (`read_parallel`, a few thousand lines); training data are streamed
+(`iter_parallel`, `stream_hf_translation`) into the tokenised cache of `corpus.py`, which skips and counts
+invalid training pairs instead.
 """
 
 import gzip
 import logging
 import os
 import zlib
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -34,17 +39,21 @@ class ParallelText:
 def read_lines(path: Path) -> list[str]:
     """Lines of a UTF-8 text file, plain or gzip; a byte that is not UTF-8 or a damaged gzip stream is an
     error naming the file (and the line)."""
+    return list(iter_lines(path))
+
+
+def iter_lines(path: Path) -> Iterator[str]:
+    """`read_lines` one line at a time: what the training corpus streams, so that no file is held in memory."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"parallel data file {path} does not exist")
     opener = gzip.open if path.suffix == ".gz" else open
-    lines = []
     try:
         with opener(path, "rb") as handle:
             for number, raw in enumerate(handle, start=1):
                 try:
                     # a byte-order mark (at the file's start, or where files were joined) is no text
-                    lines.append(raw.decode("utf-8").rstrip("\n").rstrip("\r").removeprefix(BYTE_ORDER_MARK))
+                    yield raw.decode("utf-8").rstrip("\n").rstrip("\r").removeprefix(BYTE_ORDER_MARK)
                 except UnicodeDecodeError as error:
                     raise ValueError(
                         f"{path}, line {number}: byte {raw[error.start : error.start + 1]!r} at column {error.start + 1} "
@@ -54,7 +63,26 @@ def read_lines(path: Path) -> list[str]:
         raise ValueError(
             f"{path} is not a readable {'gzip' if opener is gzip.open else 'text'} file: {error}"
         ) from None
-    return lines
+
+
+def iter_parallel(source_path, target_path) -> Iterator[tuple[str, str]]:
+    """Line-aligned pairs of two files, streamed; line counts that differ are an error naming both counts (raised
+    when the shorter file ends, after counting the rest of the longer one)."""
+    sources, targets = iter_lines(source_path), iter_lines(target_path)
+    count = 0
+    while True:
+        source, target = next(sources, None), next(targets, None)
+        if source is None or target is None:
+            break
+        count += 1
+        yield source, target
+    if source is not None or target is not None:
+        rest_source = (source is not None) + sum(1 for _ in sources)
+        rest_target = (target is not None) + sum(1 for _ in targets)
+        raise ValueError(
+            f"line counts differ: {source_path} has {count + rest_source} lines, "
+            f"{target_path} has {count + rest_target}"
+        )
 
 
 def find_split_file(data_dir: Path, split: str, lang: str) -> Path:
@@ -138,13 +166,36 @@ def parallel_from_translation_dataset(
     return drop_or_reject_empty(ParallelText(source, target, name), empty_lines)
 
 
-def read_hf_translation(
-    dataset_name: str, config_name: str | None, split: str, source_lang: str, target_lang: str, **kwargs
-) -> ParallelText:
-    """Training data from the Hub (needs network), e.g. `wmt14` / `de-en`."""
+def iter_translation_pairs(
+    dataset, source_lang: str, target_lang: str, name: str
+) -> Iterator[tuple[str, str]]:
+    """(source, target) pairs of a `datasets` split with the WMT schema (`translation: {lang: text}`), map-style
+    or streamed; a missing column or language, or an empty split, is an error naming the split."""
+    count = 0
+    for count, row in enumerate(dataset, start=1):
+        if count == 1:
+            if "translation" not in row:
+                raise ValueError(f"{name} has columns {sorted(row)}; expected a 'translation' column")
+            for lang in (source_lang, target_lang):
+                if lang not in row["translation"]:
+                    raise ValueError(
+                        f"{name} has languages {sorted(row['translation'])}; {lang!r} is not among them"
+                    )
+        pair = row["translation"]
+        yield pair[source_lang] or "", pair[target_lang] or ""
+    if not count:
+        raise ValueError(f"empty split: {name} contains no examples")
+
+
+def stream_hf_translation(
+    dataset_name: str, config_name: str | None, split: str, source_lang: str, target_lang: str
+) -> Iterator[tuple[str, str]]:
+    """Training pairs streamed from a `datasets` corpus: a Hub id (needs the network, e.g. `wmt14` / `de-en`) or
+    a local folder of data files. Streaming reads the corpus once, into the training cache (`corpus.py`),
+    without a second full copy in the `datasets` cache."""
     import datasets
 
-    dataset = datasets.load_dataset(dataset_name, config_name, split=split)
-    return parallel_from_translation_dataset(
-        dataset, source_lang, target_lang, name=f"{dataset_name}/{config_name}:{split}", **kwargs
+    dataset = datasets.load_dataset(dataset_name, config_name, split=split, streaming=True)
+    yield from iter_translation_pairs(
+        dataset, source_lang, target_lang, name=f"{dataset_name}/{config_name}:{split}"
     )

@@ -206,8 +206,8 @@ def export(args, model, data, evaluation, record: dict) -> Path:
         parameters=f"{record['parameters'] / 1e6:.2f}M",
         repo_or_folder=training.hub_model_id or str(output_dir),
         test_split=test_split,
-        longest_training=max(data.train["length"]),
-        data_note=f"Training: {data.train_text.name}, {len(data.train_text):,} pairs. Test: {data.test.name}, "
+        longest_training=max(data.data_report["longest_source"], data.data_report["longest_target"]),
+        data_note=f"Training: {training_data_text(data.data_report, data.train_text.name)} Test: {data.test.name}, "
         f"{len(data.test):,} pairs scored.",
         training=f"recipe `{args.run.recipe}`: {updates_text(record)}, {record['precision']}, {batching} per batch x "
         f"{training.gradient_accumulation_steps}, lr {training.learning_rate} {schedule_text(record, training)}, "
@@ -234,6 +234,19 @@ def export(args, model, data, evaluation, record: dict) -> Path:
     if training.push_to_hub:
         push_to_hub(output_dir, training, commit_message="hf_posenc training run")
     return output_dir
+
+
+def training_data_text(report: dict, name: str) -> str:
+    """The training data as read, filtered and joined (`corpus.prepare_training_corpus`'s report)."""
+    skipped, filters = report["skipped"], report["filters"]
+    joined, ratio = report["concatenation"], filters["max_length_ratio"]
+    return (
+        f"{name}: {report['pairs_read']:,} pairs read, {report['pairs_kept']:,} kept; skipped "
+        f"{skipped['empty']:,} with an empty side, {skipped['too_long']:,} longer than {filters['max_length']} tokens"
+        + (f" and {skipped['length_ratio']:,} with a length ratio over {ratio:g}" if ratio else "")
+        + (f"; {joined['joined']:,} examples join consecutive pairs" if joined else "")
+        + f"; {report['examples']:,} training examples."
+    )
 
 
 def schedule_text(record: dict, training) -> str:

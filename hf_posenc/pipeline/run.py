@@ -34,11 +34,18 @@ from ..modeling_marian_posenc import (
     MarianPosEncForConditionalGeneration,
 )
 from .arguments import Arguments, model_config, parse_args
-from .augmentation import concatenate_consecutive
 from .averaging import average_into, list_checkpoints, select_checkpoints
 from .batching import TokenBudgetBatchSampler
 from .cli import run_cli
-from .data import ParallelText, read_hf_translation, read_parallel, read_split
+from .corpus import (
+    CorpusSettings,
+    CorpusSummary,
+    column,
+    list_lengths,
+    prepare_training_corpus,
+    training_source,
+)
+from .data import ParallelText, read_parallel, read_split
 from .evaluation import degenerate_output, encoder_token_cosine, score_translations, translate
 from .export import check_output_folders, export, set_aside_checkpoints, updates_text
 from .hardware import (
@@ -51,7 +58,6 @@ from .hardware import (
 from .progress import TrainingProgressCallback, UpdateBudgetCheck
 from .resume import check_resume_settings, resume_checkpoint
 from .schedule import BudgetSchedule, SchedulePlan
-from .tokenization import train_joint_bpe
 from .training import (
     TimeBudgetCallback,
     TranslationTrainer,
@@ -66,87 +72,57 @@ logger = logging.getLogger("train")
 @dataclass
 class PreparedData:
     tokenizer: object
-    train: object  # datasets.Dataset with input_ids, labels, length
+    train: object  # datasets.Dataset with input_ids, labels, length, memory-mapped from the corpus cache
     valid: object | None
     test: ParallelText
-    train_text: ParallelText
+    train_text: CorpusSummary  # the training data's name and number of examples (the text stays on disk)
+    # JSON: training pairs read, kept, skipped by reason (empty, too_long, length_ratio), examples, token counts,
+    # longest source and target, cache use (corpus.prepare_training_corpus)
+    data_report: dict
 
 
 def load_split(args: Arguments, split: str, limit=None) -> ParallelText:
+    """The validation or test set, whole and unfiltered (empty lines are an error unless --empty_lines skip);
+    the training data go through `corpus.prepare_training_corpus`."""
     data = args.data
     source, target = getattr(data, f"{split}_source"), getattr(data, f"{split}_target")
     if (source is None) != (target is None):
         raise ValueError(f"--{split}_source and --{split}_target go together (got {source!r}, {target!r})")
-    read = {"empty_lines": data.empty_lines, "limit": limit}
+    read = {"empty_lines": data.empty_lines or "error", "limit": limit}
     if source is not None:
         return read_parallel(Path(source), Path(target), **read)
-    if split == "train" and data.hf_dataset:
-        return read_hf_translation(
-            data.hf_dataset, data.hf_config, "train", data.source_lang, data.target_lang, **read
-        )
     return read_split(
         Path(data.data_dir), getattr(data, f"{split}_split"), data.source_lang, data.target_lang, **read
     )
 
 
 def prepare_data(args: Arguments) -> PreparedData:
-    """Read and validate the splits, learn the joint BPE on the training text, tokenise."""
+    """The training examples from the corpus cache (read, BPE-learned, tokenised and filtered on the first run
+    on this data: `corpus.py`), the validation set tokenised and the test set read, both unfiltered."""
     data = args.data
-    train_text = load_split(args, "train", limit=data.train_limit)
+    corpus = prepare_training_corpus(
+        training_source(data), CorpusSettings.from_arguments(data, seed=args.training.seed)
+    )
     test = load_split(args, "test", limit=data.test_limit)
     logger.info(
-        "data: %d training pairs from %s, %d test pairs from %s",
-        len(train_text),
-        train_text.name,
+        "data: %d training examples from %s, %d test pairs from %s",
+        len(corpus.examples),
+        corpus.summary.name,
         len(test),
         test.name,
     )
-    tokenizer = train_joint_bpe(train_text.source + train_text.target, vocab_size=data.vocab_size)
-    if len(tokenizer) > data.vocab_size:  # BPE keeps every character of the text whatever the size asked for
-        raise ValueError(
-            f"--vocab_size={data.vocab_size} is smaller than the {len(tokenizer)} characters and special tokens of "
-            "the training text; ask for more (the recipes use 6000-40000)"
-        )
-    if data.max_train_length:
-        train_text = shorter_pairs(tokenizer, train_text, data.max_train_length)
-    if data.concat_probability:  # after the length filter: joined examples may exceed it, that is their point
-        sizes = {"group_sizes": data.concat_group_sizes} if data.concat_group_sizes else {}
-        train_text = concatenate_consecutive(
-            train_text, data.concat_probability, seed=args.training.seed, **sizes
-        )
-        logger.info(
-            "concatenation augmentation (p=%s): %d training examples",
-            data.concat_probability,
-            len(train_text),
-        )
-    train = tokenize_parallel(tokenizer, train_text.source, train_text.target, data.max_length)
     valid = None
     if args.training.eval_strategy != "no":
         valid_text = load_split(args, "valid")
-        valid = tokenize_parallel(tokenizer, valid_text.source, valid_text.target, data.max_length)
-    return PreparedData(tokenizer, train, valid, test, train_text)
-
-
-def shorter_pairs(tokenizer, text: ParallelText, max_tokens: int) -> ParallelText:
-    """Train short, test long: the pairs with at most `max_tokens` tokens on both sides (logged)."""
-    sources, targets = tokenizer(text.source)["input_ids"], tokenizer(text_target=text.target)["input_ids"]
-    lengths = [max(len(s), len(t)) for s, t in zip(sources, targets, strict=True)]
-    kept = [i for i, length in enumerate(lengths) if length <= max_tokens]
-    if not kept:
-        raise ValueError(f"no training pair has at most --max_train_length={max_tokens} tokens")
-    logger.info(
-        "train short: %d of %d pairs have at most %d tokens; training on those only",
-        len(kept),
-        len(text),
-        max_tokens,
-    )
-    return ParallelText([text.source[i] for i in kept], [text.target[i] for i in kept], text.name)
+        valid = tokenize_parallel(corpus.tokenizer, valid_text.source, valid_text.target)
+    return PreparedData(corpus.tokenizer, corpus.examples, valid, test, corpus.summary, corpus.report)
 
 
 def source_target_length_ratio(dataset) -> float:
-    """gamma of paper 2 Eq. 10: total source tokens / total target tokens of the training data."""
-    source_tokens = sum(len(ids) for ids in dataset["input_ids"])
-    target_tokens = sum(len(ids) for ids in dataset["labels"])
+    """gamma of paper 2 Eq. 10: total source tokens / total target tokens of the training data (counted from
+    the Arrow offsets: no token list is read)."""
+    source_tokens = int(list_lengths(dataset, "input_ids").sum())
+    target_tokens = int(list_lengths(dataset, "labels").sum())
     return round(source_tokens / target_tokens, 4)
 
 
@@ -213,10 +189,9 @@ def build_model(args: Arguments, data: PreparedData):
 def check_longest_pair(model, data: PreparedData) -> None:
     """The longest source (training, validation or test) and target go through the model once, before any
     training: a bounded position table too short for them is an error now, not when their batch comes up."""
-    sources = [data.train["input_ids"], *([data.valid["input_ids"]] if data.valid is not None else [])]
-    targets = [data.train["labels"], *([data.valid["labels"]] if data.valid is not None else [])]
-    longest_source = max(max(map(len, ids)) for ids in sources)
-    longest_target = max(max(map(len, ids)) for ids in targets)
+    splits = [data.train, *([data.valid] if data.valid is not None else [])]
+    longest_source = max(int(list_lengths(split, "input_ids").max()) for split in splits)
+    longest_target = max(int(list_lengths(split, "labels").max()) for split in splits)
     test_source = max(len(ids) for ids in data.tokenizer(data.test.source)["input_ids"])
     source = torch.full((1, max(longest_source, test_source)), data.tokenizer.eos_token_id)
     target = torch.full((1, longest_target), data.tokenizer.pad_token_id)
@@ -408,8 +383,7 @@ def run_record(
     """scores.json: the scores, the run's settings, the machine and what it achieved."""
     hardware = describe_hardware(args.training.device.type)
     dtype = torch.bfloat16 if precision.precision == "bf16" else None
-    lengths = data.train["length"]
-    mean_length = max(1, round(sum(lengths) / len(lengths)))
+    mean_length = max(1, round(float(column(data.train, "length").mean())))
     flops_per_token = model_flops_per_target_token(
         model, mean_length, mean_length, 8, args.training.device, dtype
     )
@@ -426,6 +400,7 @@ def run_record(
         "parameters": model.num_parameters(),
         "architecture": args.model.architecture,
         "averaged_checkpoints": evaluation.averaged,
+        "data": data.data_report,
         "test_set": data.test.name,
         "test_pairs": len(data.test),
         "degenerate": evaluation.degenerate,

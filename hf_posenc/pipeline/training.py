@@ -18,21 +18,25 @@ from torch.utils.data import DataLoader
 from transformers import Seq2SeqTrainer, TrainerCallback
 from transformers.trainer_callback import ExportableState
 
-from .batching import TokenBudgetBatchSampler
+from .batching import TokenBudgetBatchSampler, as_lengths
 from .evaluation import score_translations
 
 
-def tokenize_parallel(tokenizer, source: list[str], target: list[str], max_length: int) -> datasets.Dataset:
-    """Tokenised pairs with `input_ids`, `labels` and the padded cost `length` = max(source, target) tokens.
+def tokenize_parallel(
+    tokenizer, source: list[str], target: list[str], max_length: int | None = None
+) -> datasets.Dataset:
+    """Tokenised pairs in memory with `input_ids`, `labels` and the padded cost `length` = max(source, target)
+    tokens: for a validation set (every pair kept) or a small corpus. Training corpora go through the on-disk
+    cache of `corpus.py`, which skips and counts invalid pairs instead.
 
-    Pairs longer than `max_length` tokens on either side are an error, not silently truncated.
+    Given `max_length`, pairs longer than that on either side are an error, not silently truncated.
     """
     source_ids = tokenizer(source)["input_ids"]
     target_ids = tokenizer(text_target=target)["input_ids"]
     too_long = [
         i
         for i, (s, t) in enumerate(zip(source_ids, target_ids, strict=True))
-        if max(len(s), len(t)) > max_length
+        if max_length is not None and max(len(s), len(t)) > max_length
     ]
     if too_long:
         raise ValueError(
@@ -69,7 +73,11 @@ class TranslationTrainer(Seq2SeqTrainer):
         if self.max_tokens is None:
             return super().get_train_dataloader()
         dataset = self.train_dataset.remove_columns(["length"])
-        sampler = TokenBudgetBatchSampler(self.train_dataset["length"], self.max_tokens, seed=self.args.seed)
+        # the lengths as one numpy array; the batches are the same for the same seed and epoch, so the Trainer's
+        # skipping of the batches a resumed run already trained on lands where the interrupted run stopped
+        sampler = TokenBudgetBatchSampler(
+            as_lengths(self.train_dataset["length"]), self.max_tokens, seed=self.args.seed
+        )
         # pinned memory only speeds copies to an accelerator; on a CPU torch warns once an epoch
         loader = DataLoader(
             dataset,
