@@ -17,13 +17,9 @@ logits exactly; `from_marian` converts stock checkpoints.
 """
 
 import dataclasses
-import inspect
 import math
-import os
-from pathlib import Path
 
 import torch
-from safetensors import SafetensorError
 from torch import nn
 from transformers import GenerationMixin, PreTrainedModel
 from transformers import initialization as init
@@ -54,6 +50,7 @@ from .base import (
     with_score_mask,
 )
 from .configuration_marian_posenc import MarianPosEncConfig
+from .model_checks import CheckedLoading, check_num_items_in_batch, check_token_ids
 from .registry import POSITION_ENCODINGS, TOKEN_MIXERS
 
 logger = logging.get_logger(__name__)
@@ -64,57 +61,12 @@ PAPER_1_DECODING = {"num_beams": 4, "length_penalty": 0.6}
 SHAPE_OFFSETS = "shape_offsets"  # the decoder's SHAPE offsets in `PosEncCache.extra_state`, (B, 1)
 
 
-def check_token_ids(ids: torch.Tensor, vocab_size: int, name: str, ignore_index: int | None = None) -> None:
-    """Clear errors for inputs the embedding or the loss would fail on deep inside torch (or misread): ids that
-    are not a (batch, length) integer tensor, no token at all, ids outside the vocabulary (`ignore_index`
-    excepted).
-
-    Shape and dtype are host-side metadata, checked always. The values are checked only for tensors on the CPU:
-    reading them back to the host is free there, while on an accelerator it waits for the device, once per
-    training step and once per decoding step (issue #47: no host sync per step).
-    """
-    if ids.dtype.is_floating_point or ids.dtype.is_complex or ids.dtype == torch.bool:
-        raise TypeError(f"{name} must hold integer token ids (torch.long), got dtype {ids.dtype}.")
-    if ids.ndim != 2:
-        raise ValueError(
-            f"{name} of shape {tuple(ids.shape)} must be 2-D, (batch, length)"
-            + (": add the batch dimension, ids[None]." if ids.ndim == 1 else ".")
-        )
-    if ids.numel() == 0:
-        raise ValueError(f"{name} of shape {tuple(ids.shape)} hold no token; every row needs at least one.")
-    if ids.device.type != "cpu":
-        return
-    valid = ids if ignore_index is None else ids[ids != ignore_index]
-    if valid.numel() == 0:
-        raise ValueError(f"{name} are all {ignore_index} (ignored): there is no token to compute a loss on.")
-    low, high = torch.aminmax(valid)
-    low, high = int(low), int(high)
-    if low < 0 or high >= vocab_size:
-        raise ValueError(
-            f"{name} hold token id {low if low < 0 else high}, outside the vocabulary 0..{vocab_size - 1}"
-            + (f" (or {ignore_index}, ignored)" if ignore_index is not None else "")
-            + "."
-        )
-
-
 def shift_tokens_right(labels: torch.Tensor, pad_token_id: int, decoder_start_token_id: int) -> torch.Tensor:
     """Teacher-forcing decoder input: labels shifted right behind the start token, -100 replaced by pad."""
     shifted = labels.new_zeros(labels.shape)
     shifted[:, 1:] = labels[:, :-1]
     shifted[:, 0] = decoder_start_token_id
     return shifted.masked_fill(shifted == -100, pad_token_id)
-
-
-def check_num_items_in_batch(num_items_in_batch, tokens: torch.Tensor) -> None:
-    """The Trainer's label-token count of the whole batch (all accumulation steps and processes) divides the
-    summed loss: it must be positive when this batch has label tokens (0 gave an infinite loss). Checked for a
-    number or a CPU tensor only: reading a device tensor back would sync every training step."""
-    on_host = not isinstance(num_items_in_batch, torch.Tensor) or num_items_in_batch.device.type == "cpu"
-    if on_host and tokens.device.type == "cpu" and not num_items_in_batch > 0:
-        raise ValueError(
-            f"num_items_in_batch={int(num_items_in_batch)} must be positive: it counts the label tokens of the "
-            f"whole batch, and this part alone holds {int(tokens)}."
-        )
 
 
 def as_posenc_cache(cache: Cache | None, config) -> PosEncCache | None:
@@ -216,25 +168,7 @@ class MarianPosEncDecoderLayer(MarianPosEncLayer):
         return self.feed_forward(hidden_states), self_weights, cross_weights
 
 
-def could_be_hub_id(name) -> bool:
-    """Whether `name` may be a Hub model id ("name" or "owner/name") rather than only a local path."""
-    if isinstance(name, os.PathLike):
-        return False
-    return not (os.path.isabs(name) or name.startswith((".", "~")) or name.count("/") > 1 or "\\" in name)
-
-
-def differing_code_files(folder: Path, package: Path) -> list[str]:
-    """The model code files a saved folder holds (its copy of the model closure) that differ from `package`'s."""
-    return [
-        copy.name
-        for copy in sorted(folder.glob("*.py"))
-        if (ours := package / copy.name).is_file()
-        and copy.resolve() != ours.resolve()
-        and copy.read_bytes() != ours.read_bytes()
-    ]
-
-
-class MarianPosEncPreTrainedModel(PreTrainedModel):
+class MarianPosEncPreTrainedModel(CheckedLoading, PreTrainedModel):
     config_class = MarianPosEncConfig
     config: MarianPosEncConfig
     base_model_prefix = "model"
@@ -245,90 +179,6 @@ class MarianPosEncPreTrainedModel(PreTrainedModel):
     def __init__(self, config: MarianPosEncConfig, *args, **kwargs):
         config.check_choices()  # again: fields may have been set since the config was built
         super().__init__(config, *args, **kwargs)
-
-    @classmethod
-    def from_pretrained(cls, pretrained_model_name_or_path, *args, **kwargs):
-        """`PreTrainedModel.from_pretrained`, saying which model code builds the model (the installed package's
-        classes win over a folder's own copy whenever `hf_posenc` is imported: a warning names the files of
-        that copy that differ), naming the folder when it does not exist or its weights cannot be read, and
-        refusing a checkpoint that lacks parameters of the model's positional modules
-        (`check_positional_parameters_loaded`)."""
-        source = pretrained_model_name_or_path  # a folder, a Hub id, or None with a `state_dict`
-        folder = Path(os.fspath(source)).expanduser() if source is not None else None
-        if folder is not None:
-            cls.check_model_folder(source, folder)
-        wants_loading_info = kwargs.pop("output_loading_info", False)
-        try:
-            model, loading_info = super().from_pretrained(source, *args, output_loading_info=True, **kwargs)
-        except SafetensorError as error:
-            raise ValueError(
-                f"the weights in {folder} cannot be read (truncated or damaged?): {error}"
-            ) from None
-        except OSError as error:
-            if folder is None or folder.is_dir():
-                raise
-            raise OSError(
-                f"{source} is not a local folder ({folder.resolve()} does not exist) and could not be loaded "
-                f"as a Hub model id: {error}"
-            ) from error
-        model.check_positional_parameters_loaded(loading_info["missing_keys"], folder or "the state_dict")
-        return (model, loading_info) if wants_loading_info else model
-
-    @classmethod
-    def check_model_folder(cls, source, folder: Path) -> None:
-        """A path that cannot be a Hub id must be an existing folder; a folder's copy of the model code is
-        compared with the classes that build the model, file by file."""
-        if not folder.is_dir() and not could_be_hub_id(source):
-            raise FileNotFoundError(
-                f"no model folder at {folder}: the path does not exist or is not a folder."
-            )
-        package = Path(inspect.getfile(cls)).parent
-        if folder.is_dir() and (differing := differing_code_files(folder, package)):
-            logger.warning(
-                "%s carries model code that differs from %s (%s), which builds the model; load without "
-                "importing hf_posenc (trust_remote_code=True) to use the folder's own code.",
-                folder,
-                package,
-                ", ".join(differing),
-            )
-        logger.info("loading %s with the model code of %s", folder, package)
-
-    def check_positional_parameters_loaded(self, missing_keys, source) -> None:
-        """Raise when a checkpoint that holds this model's other parameters lacks some of its position
-        encodings' or token mixers' parameters.
-
-        That is a checkpoint of another module choice (e.g. a config.json edited to another position
-        encoding): transformers would initialise the missing tables at random and only report them. A
-        checkpoint without any of the model's parameters keeps transformers' report. Non-persistent buffers
-        (the sinusoid table) are never in a checkpoint and do not count; a folded model's tables are parameters
-        of its saved folder like any other.
-        """
-        parameters = {name for name, _ in self.named_parameters(remove_duplicate=False)}
-        missing = parameters & set(missing_keys)
-        owners = {
-            name: module
-            for name, module in self.named_modules()
-            if isinstance(module, (PositionEncoding, TokenMixer))
-        }
-        positional = {}
-        for key in sorted(missing):
-            owner = max((name for name in owners if key.startswith(name + ".")), key=len, default=None)
-            if owner is not None:
-                module = owners[owner]
-                field = (
-                    f"{module.stack}_position_encoding"
-                    if isinstance(module, PositionEncoding)
-                    else module.site
-                )
-                positional.setdefault(f"{field}={getattr(self.config, field)!r}", []).append(key)
-        if positional and missing != parameters:
-            raise ValueError(
-                f"the checkpoint in {source} lacks parameters of the model's positional modules: "
-                + "; ".join(f"{choice}: {', '.join(keys)}" for choice, keys in positional.items())
-                + ". The config asks for modules these weights were not trained with (config.json edited?) and "
-                "they would start random: restore the config the weights were saved with, or convert on purpose "
-                "(MarianPosEncForConditionalGeneration.from_marian, or load_state_dict(strict=False))."
-            )
 
     @torch.no_grad()
     def _init_weights(self, module):
@@ -377,6 +227,22 @@ class MarianPosEncStack(MarianPosEncPreTrainedModel):
         for mixer in mixers:
             mixer.share_within_stack(mixers)
         self.gradient_checkpointing = False
+        self.post_init()
+
+    def scaled_embeddings(self, input_ids, inputs_embeds, prefix: str) -> torch.Tensor:
+        """The stack's input, (B, L, D): the ids' embeddings, or given `inputs_embeds`, times `embed_scale`.
+        Given embeddings are scaled like the ids' in both stacks, so `get_input_embeddings()(ids)` gives the
+        same output as the ids (stock Marian's encoder takes them already scaled). `prefix` names the
+        arguments in errors: "" for the encoder's, "decoder_" for the decoder's."""
+        if (input_ids is None) == (inputs_embeds is None):
+            raise ValueError(
+                f"Pass exactly one of {prefix}input_ids or {prefix}inputs_embeds to the "
+                f"{'decoder' if prefix else 'encoder'}."
+            )
+        if inputs_embeds is None:
+            check_token_ids(input_ids, self.embed_tokens.num_embeddings, f"{prefix}input_ids")
+            inputs_embeds = self.embed_tokens(input_ids)
+        return inputs_embeds * self.embed_scale
 
     def shape_offsets(self, batch_size: int, device) -> torch.Tensor | None:
         """SHAPE's random shifts (Kiyono et al. 2021): one offset k ~ U{0, ..., K} per sequence, (B, 1), with
@@ -393,11 +259,31 @@ class MarianPosEncStack(MarianPosEncPreTrainedModel):
             return None
         return torch.randint(0, self.config.shape_max_shift + 1, (batch_size, 1), device=device)  # (B, 1)
 
-    def requested_outputs(self, output_attentions, output_hidden_states) -> tuple[bool, bool]:
-        """Whether to return attention weights and hidden states: the call's flags, else the config's."""
+    def run_layers(
+        self, hidden_states, layer_args: tuple, output_attentions, output_hidden_states, **layer_kwargs
+    ):
+        """Every layer in turn on `hidden_states` (B, L, D). Returns the last hidden states; all of them, the
+        embedding output first (or None); and for each kind of attention weights a layer returns (the encoder's
+        one, the decoder's self and cross) the tuple over layers (or None). Unset output flags take the
+        config's."""
+        output_attentions = self.config.output_attentions if output_attentions is None else output_attentions
+        if output_hidden_states is None:
+            output_hidden_states = self.config.output_hidden_states
+        all_hidden_states = (hidden_states,) if output_hidden_states else None
+        all_weights = None
+        for layer in self.layers:
+            hidden_states, *weights = layer(
+                hidden_states, *layer_args, output_attentions=bool(output_attentions), **layer_kwargs
+            )
+            if output_hidden_states:
+                all_hidden_states += (hidden_states,)
+            all_weights = [
+                (*kind, w) for kind, w in zip(all_weights or [()] * len(weights), weights, strict=True)
+            ]
         return (
-            self.config.output_attentions if output_attentions is None else output_attentions,
-            self.config.output_hidden_states if output_hidden_states is None else output_hidden_states,
+            hidden_states,
+            all_hidden_states,
+            all_weights if output_attentions else [None] * len(all_weights),
         )
 
 
@@ -406,7 +292,6 @@ class MarianPosEncEncoder(MarianPosEncStack):
 
     def __init__(self, config: MarianPosEncConfig):
         super().__init__(config, ENCODER, MarianPosEncEncoderLayer, config.encoder_layers)
-        self.post_init()
 
     @can_return_tuple
     def forward(
@@ -418,17 +303,7 @@ class MarianPosEncEncoder(MarianPosEncStack):
         output_hidden_states=None,
         **kwargs,
     ) -> BaseModelOutput:
-        output_attentions, output_hidden_states = self.requested_outputs(
-            output_attentions, output_hidden_states
-        )
-        if (input_ids is None) == (inputs_embeds is None):
-            raise ValueError("Pass exactly one of input_ids or inputs_embeds to the encoder.")
-        if inputs_embeds is None:
-            check_token_ids(input_ids, self.embed_tokens.num_embeddings, "input_ids")
-            inputs_embeds = self.embed_tokens(input_ids)
-        # Given embeddings are scaled like the ids' (as the decoder does): `get_input_embeddings()(ids)` gives
-        # the same output as the ids; stock Marian's encoder takes them already scaled.
-        inputs_embeds = inputs_embeds * self.embed_scale  # (B, L, D)
+        inputs_embeds = self.scaled_embeddings(input_ids, inputs_embeds, "")  # (B, L, D)
         if attention_mask is not None and attention_mask.shape != inputs_embeds.shape[:2]:
             raise ValueError(
                 f"attention_mask has shape {tuple(attention_mask.shape)}, the inputs {tuple(inputs_embeds.shape[:2])}."
@@ -450,16 +325,9 @@ class MarianPosEncEncoder(MarianPosEncStack):
             config=self.config, inputs_embeds=inputs_embeds, attention_mask=attention_mask
         )
         score_mask = stack_score_mask(self.position_encoding, mask, context, is_causal=False)
-        all_hidden_states = (hidden_states,) if output_hidden_states else None
-        all_attentions = () if output_attentions else None
-        for layer in self.layers:
-            hidden_states, weights = layer(
-                hidden_states, mask, score_mask, context, output_attentions=bool(output_attentions)
-            )
-            if output_hidden_states:
-                all_hidden_states += (hidden_states,)
-            if output_attentions:
-                all_attentions += (weights,)
+        hidden_states, all_hidden_states, (all_attentions,) = self.run_layers(
+            hidden_states, (mask, score_mask, context), output_attentions, output_hidden_states
+        )
         return BaseModelOutput(
             last_hidden_state=hidden_states, hidden_states=all_hidden_states, attentions=all_attentions
         )
@@ -470,7 +338,6 @@ class MarianPosEncDecoder(MarianPosEncStack):
 
     def __init__(self, config: MarianPosEncConfig):
         super().__init__(config, DECODER, MarianPosEncDecoderLayer, config.decoder_layers)
-        self.post_init()
 
     @can_return_tuple
     def forward(
@@ -486,21 +353,13 @@ class MarianPosEncDecoder(MarianPosEncStack):
         output_hidden_states=None,
         **kwargs,
     ) -> BaseModelOutputWithPastAndCrossAttentions:
-        output_attentions, output_hidden_states = self.requested_outputs(
-            output_attentions, output_hidden_states
-        )
-        if (input_ids is None) == (inputs_embeds is None):
-            raise ValueError("Pass exactly one of decoder_input_ids or decoder_inputs_embeds to the decoder.")
         if encoder_hidden_states is None:
             raise ValueError(
                 "the decoder needs encoder_hidden_states, the encoder's output (B, S, D): every decoder layer "
                 "cross-attends to it (there is no decoder-only use); call the whole model, or pass "
                 "encoder_hidden_states=model.get_encoder()(input_ids).last_hidden_state."
             )
-        if inputs_embeds is None:
-            check_token_ids(input_ids, self.embed_tokens.num_embeddings, "decoder_input_ids")
-            inputs_embeds = self.embed_tokens(input_ids)
-        inputs_embeds = inputs_embeds * self.embed_scale  # (B, q, D)
+        inputs_embeds = self.scaled_embeddings(input_ids, inputs_embeds, "decoder_")  # (B, q, D)
         batch_size, query_length = inputs_embeds.shape[:2]
         device = inputs_embeds.device
         if use_cache and past_key_values is None:
@@ -548,26 +407,13 @@ class MarianPosEncDecoder(MarianPosEncStack):
         score_mask = stack_score_mask(self.position_encoding, causal_mask, self_context, is_causal=True)
         hidden_states = self.position_encoding.embed(inputs_embeds, self_context, None, past_key_values)
         hidden_states = nn.functional.dropout(hidden_states, p=self.dropout, training=self.training)
-        all_hidden_states = (hidden_states,) if output_hidden_states else None
-        all_self_attentions = () if output_attentions else None
-        all_cross_attentions = () if output_attentions else None
-        for layer in self.layers:
-            hidden_states, self_weights, cross_weights = layer(
-                hidden_states,
-                causal_mask,
-                score_mask,
-                encoder_hidden_states,
-                cross_mask,
-                self_context,
-                cross_context,
-                past_key_values=past_key_values,
-                output_attentions=bool(output_attentions),
-            )
-            if output_hidden_states:
-                all_hidden_states += (hidden_states,)
-            if output_attentions:
-                all_self_attentions += (self_weights,)
-                all_cross_attentions += (cross_weights,)
+        hidden_states, all_hidden_states, (all_self_attentions, all_cross_attentions) = self.run_layers(
+            hidden_states,
+            (causal_mask, score_mask, encoder_hidden_states, cross_mask, self_context, cross_context),
+            output_attentions,
+            output_hidden_states,
+            past_key_values=past_key_values,
+        )
         return BaseModelOutputWithPastAndCrossAttentions(
             last_hidden_state=hidden_states,
             past_key_values=past_key_values,

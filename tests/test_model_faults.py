@@ -12,7 +12,7 @@ from safetensors.torch import load_file, save_file
 from transformers import AutoConfig
 
 from hf_posenc import MarianPosEncConfig, MarianPosEncForConditionalGeneration, MarianPosEncModel
-from hf_posenc.modeling_marian_posenc import check_token_ids, could_be_hub_id
+from hf_posenc.model_checks import check_token_ids, could_be_hub_id
 
 SOURCE, MASK = source_batch()
 LABELS = target_batch()[:, 1:]

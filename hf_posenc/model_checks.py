@@ -1,0 +1,170 @@
+"""The model's guards, apart from its arithmetic: inputs that torch would fail on deep inside (or misread) get an
+error naming the value, and loading names the folder, the code that builds the model, and a checkpoint that
+lacks the parameters of the positional modules its config asks for.
+
+`MarianPosEncPreTrainedModel` takes `CheckedLoading` before `PreTrainedModel`; the forwards call `check_token_ids`
+and `check_num_items_in_batch`.
+"""
+
+import inspect
+import os
+from pathlib import Path
+
+import torch
+from safetensors import SafetensorError
+from transformers.utils import logging
+
+from .base import PositionEncoding, TokenMixer
+
+logger = logging.get_logger(__name__)
+
+
+def check_token_ids(ids: torch.Tensor, vocab_size: int, name: str, ignore_index: int | None = None) -> None:
+    """Clear errors for inputs the embedding or the loss would fail on deep inside torch (or misread): ids that
+    are not a (batch, length) integer tensor, no token at all, ids outside the vocabulary (`ignore_index`
+    excepted).
+
+    Shape and dtype are host-side metadata, checked always. The values are checked only for tensors on the CPU:
+    reading them back to the host is free there, while on an accelerator it waits for the device, once per
+    training step and once per decoding step (issue #47: no host sync per step).
+    """
+    if ids.dtype.is_floating_point or ids.dtype.is_complex or ids.dtype == torch.bool:
+        raise TypeError(f"{name} must hold integer token ids (torch.long), got dtype {ids.dtype}.")
+    if ids.ndim != 2:
+        raise ValueError(
+            f"{name} of shape {tuple(ids.shape)} must be 2-D, (batch, length)"
+            + (": add the batch dimension, ids[None]." if ids.ndim == 1 else ".")
+        )
+    if ids.numel() == 0:
+        raise ValueError(f"{name} of shape {tuple(ids.shape)} hold no token; every row needs at least one.")
+    if ids.device.type != "cpu":
+        return
+    valid = ids if ignore_index is None else ids[ids != ignore_index]
+    if valid.numel() == 0:
+        raise ValueError(f"{name} are all {ignore_index} (ignored): there is no token to compute a loss on.")
+    low, high = torch.aminmax(valid)
+    low, high = int(low), int(high)
+    if low < 0 or high >= vocab_size:
+        raise ValueError(
+            f"{name} hold token id {low if low < 0 else high}, outside the vocabulary 0..{vocab_size - 1}"
+            + (f" (or {ignore_index}, ignored)" if ignore_index is not None else "")
+            + "."
+        )
+
+
+def check_num_items_in_batch(num_items_in_batch, tokens: torch.Tensor) -> None:
+    """The Trainer's label-token count of the whole batch (all accumulation steps and processes) divides the
+    summed loss: it must be positive when this batch has label tokens (0 gave an infinite loss). Checked for a
+    number or a CPU tensor only: reading a device tensor back would sync every training step."""
+    on_host = not isinstance(num_items_in_batch, torch.Tensor) or num_items_in_batch.device.type == "cpu"
+    if on_host and tokens.device.type == "cpu" and not num_items_in_batch > 0:
+        raise ValueError(
+            f"num_items_in_batch={int(num_items_in_batch)} must be positive: it counts the label tokens of the "
+            f"whole batch, and this part alone holds {int(tokens)}."
+        )
+
+
+def could_be_hub_id(name) -> bool:
+    """Whether `name` may be a Hub model id ("name" or "owner/name") rather than only a local path."""
+    if isinstance(name, os.PathLike):
+        return False
+    return not (os.path.isabs(name) or name.startswith((".", "~")) or name.count("/") > 1 or "\\" in name)
+
+
+def differing_code_files(folder: Path, package: Path) -> list[str]:
+    """The model code files a saved folder holds (its copy of the model closure) that differ from `package`'s."""
+    return [
+        copy.name
+        for copy in sorted(folder.glob("*.py"))
+        if (ours := package / copy.name).is_file()
+        and copy.resolve() != ours.resolve()
+        and copy.read_bytes() != ours.read_bytes()
+    ]
+
+
+class CheckedLoading:
+    """`from_pretrained` with the loading checks; mixed into the model classes before `PreTrainedModel`."""
+
+    @classmethod
+    def from_pretrained(cls, pretrained_model_name_or_path, *args, **kwargs):
+        """`PreTrainedModel.from_pretrained`, saying which model code builds the model (the installed package's
+        classes win over a folder's own copy whenever `hf_posenc` is imported: a warning names the files of
+        that copy that differ), naming the folder when it does not exist or its weights cannot be read, and
+        refusing a checkpoint that lacks parameters of the model's positional modules
+        (`check_positional_parameters_loaded`)."""
+        source = pretrained_model_name_or_path  # a folder, a Hub id, or None with a `state_dict`
+        folder = Path(os.fspath(source)).expanduser() if source is not None else None
+        if folder is not None:
+            cls.check_model_folder(source, folder)
+        wants_loading_info = kwargs.pop("output_loading_info", False)
+        try:
+            model, loading_info = super().from_pretrained(source, *args, output_loading_info=True, **kwargs)
+        except SafetensorError as error:
+            raise ValueError(
+                f"the weights in {folder} cannot be read (truncated or damaged?): {error}"
+            ) from None
+        except OSError as error:
+            if folder is None or folder.is_dir():
+                raise
+            raise OSError(
+                f"{source} is not a local folder ({folder.resolve()} does not exist) and could not be loaded "
+                f"as a Hub model id: {error}"
+            ) from error
+        model.check_positional_parameters_loaded(loading_info["missing_keys"], folder or "the state_dict")
+        return (model, loading_info) if wants_loading_info else model
+
+    @classmethod
+    def check_model_folder(cls, source, folder: Path) -> None:
+        """A path that cannot be a Hub id must be an existing folder; a folder's copy of the model code is
+        compared with the classes that build the model, file by file."""
+        if not folder.is_dir() and not could_be_hub_id(source):
+            raise FileNotFoundError(
+                f"no model folder at {folder}: the path does not exist or is not a folder."
+            )
+        package = Path(inspect.getfile(cls)).parent
+        if folder.is_dir() and (differing := differing_code_files(folder, package)):
+            logger.warning(
+                "%s carries model code that differs from %s (%s), which builds the model; load without "
+                "importing hf_posenc (trust_remote_code=True) to use the folder's own code.",
+                folder,
+                package,
+                ", ".join(differing),
+            )
+        logger.info("loading %s with the model code of %s", folder, package)
+
+    def check_positional_parameters_loaded(self, missing_keys, source) -> None:
+        """Raise when a checkpoint that holds this model's other parameters lacks some of its position
+        encodings' or token mixers' parameters.
+
+        That is a checkpoint of another module choice (e.g. a config.json edited to another position
+        encoding): transformers would initialise the missing tables at random and only report them. A
+        checkpoint without any of the model's parameters keeps transformers' report. Non-persistent buffers
+        (the sinusoid table) are never in a checkpoint and do not count; a folded model's tables are parameters
+        of its saved folder like any other.
+        """
+        parameters = {name for name, _ in self.named_parameters(remove_duplicate=False)}
+        missing = parameters & set(missing_keys)
+        owners = {
+            name: module
+            for name, module in self.named_modules()
+            if isinstance(module, (PositionEncoding, TokenMixer))
+        }
+        positional = {}
+        for key in sorted(missing):
+            owner = max((name for name in owners if key.startswith(name + ".")), key=len, default=None)
+            if owner is not None:
+                module = owners[owner]
+                field = (
+                    f"{module.stack}_position_encoding"
+                    if isinstance(module, PositionEncoding)
+                    else module.site
+                )
+                positional.setdefault(f"{field}={getattr(self.config, field)!r}", []).append(key)
+        if positional and missing != parameters:
+            raise ValueError(
+                f"the checkpoint in {source} lacks parameters of the model's positional modules: "
+                + "; ".join(f"{choice}: {', '.join(keys)}" for choice, keys in positional.items())
+                + ". The config asks for modules these weights were not trained with (config.json edited?) and "
+                "they would start random: restore the config the weights were saved with, or convert on purpose "
+                "(MarianPosEncForConditionalGeneration.from_marian, or load_state_dict(strict=False))."
+            )
