@@ -14,7 +14,6 @@ import sys
 import pytest
 from conftest import REPO
 
-from hf_posenc.configuration_marian_posenc import RENAMED_FIELDS
 from hf_posenc.pipeline import arguments
 from hf_posenc.pipeline.hardware import Hardware
 from hf_posenc.pipeline.systems import paper_deviations
@@ -50,8 +49,7 @@ def test_every_system_is_a_valid_training_command(system):
     train_args = arguments.parse_args([*runs.train_arguments(run, args), "--output_dir", "unused"])
     config = arguments.model_config(train_args, 100, 0, 1)
     for field, value in tables.SYSTEMS[system].overrides.items():
-        # a row keeps a renamed field's old name (its runs are recognised by it); the config reads the new one
-        assert getattr(config, RENAMED_FIELDS.get(field, field)) == value
+        assert getattr(config, field) == value
     for field, value in tables.SYSTEMS[system].training.items():  # training options: train.py's data fields
         assert getattr(train_args.data, field) == value
 
@@ -350,6 +348,26 @@ def test_a_recipe_that_starts_naming_a_default_keeps_its_finished_runs(tmp_path)
     recorded["recipe"]["warmup_steps"] = 150
     (run.folder(tmp_path) / "settings.json").write_text(json.dumps(recorded))
     assert not runs.done(run, args)
+
+
+def test_a_run_saved_under_a_renamed_fields_old_name_is_still_finished(tmp_path):
+    """The no-gating rows now name `position_attention_gating`; their runs recorded `posnet_gating`, the field's
+    old name, and are still recognised as finished with the same settings (and not with another value)."""
+    args = cli.parse_args(["--results_dir", str(tmp_path)])
+    run = runs.Run(args.recipe, "en-de", "rposnet-no-gating", 1)
+    run.folder(tmp_path).mkdir(parents=True)
+    settings = runs.run_settings(run, args)
+    arguments = settings["train_arguments"]
+    overrides = arguments.index("--config_overrides") + 1
+    assert json.loads(arguments[overrides])["position_attention_gating"] is False
+    for gating, finished in ((False, True), (True, False)):
+        old = json.loads(arguments[overrides].replace("position_attention_gating", "posnet_gating"))
+        old["posnet_gating"] = gating
+        recorded = [*arguments[:overrides], json.dumps(old), *arguments[overrides + 1 :]]
+        (run.folder(tmp_path) / "settings.json").write_text(
+            json.dumps({**settings, "train_arguments": recorded})
+        )
+        assert runs.done(run, args) is finished
 
 
 # ------------------------------------------------------------------------------------------------------------

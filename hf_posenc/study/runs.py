@@ -29,6 +29,7 @@ from ..analysis.length_generalisation import (
     text_fingerprint,
 )
 from ..analysis.word_order_probe import word_order_probe
+from ..configuration_marian_posenc import RENAMED_FIELDS
 from ..pipeline.arguments import ARGUMENT_CLASSES, load_recipe
 from ..pipeline.arguments import parse_args as parse_train_args
 from ..pipeline.data import read_split
@@ -137,9 +138,18 @@ def done(run: Run, args) -> bool:
 
 
 def comparable(settings: dict) -> dict:
-    """A run's settings but for recipe fields set to train.py's default: a recipe that starts naming a default
-    (`schedule: fixed`) changes no run, and keeps its finished ones."""
-    return {**settings, "recipe": explicit_fields(settings["recipe"])}
+    """A run's settings but for recipe fields set to train.py's default, and config fields under their current
+    names: a recipe that starts naming a default (`schedule: fixed`), or a study row that takes up a renamed
+    field's new name (`position_attention_gating` for `posnet_gating`), changes no run and keeps its finished
+    ones."""
+    arguments = list(settings["train_arguments"])
+    for index, argument in enumerate(arguments[:-1]):
+        if argument == "--config_overrides":
+            overrides = json.loads(arguments[index + 1])
+            arguments[index + 1] = {
+                RENAMED_FIELDS.get(name, name): value for name, value in overrides.items()
+            }
+    return {**settings, "train_arguments": arguments, "recipe": explicit_fields(settings["recipe"])}
 
 
 def explicit_fields(recipe: dict) -> dict:

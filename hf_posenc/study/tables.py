@@ -52,9 +52,9 @@ ABLATION_ROWS: dict[str, dict[str, Row | None]] = {
         "relative_attention": None,
         "relative_attention-no-gating": Row("relative_attention", {"relative_attention_gating": False}),
         "aposnet": None,
-        "aposnet-no-gating": Row("aposnet", {"posnet_gating": False}),
+        "aposnet-no-gating": Row("aposnet", {"position_attention_gating": False}),
         "rposnet": None,
-        "rposnet-no-gating": Row("rposnet", {"posnet_gating": False}),
+        "rposnet-no-gating": Row("rposnet", {"position_attention_gating": False}),
     },
     # Paper 2 Table 5: rPosNet at each combination of sites (the main system: both self-attentions)
     "placement": {
