@@ -10,6 +10,8 @@ import sys
 import pytest
 from conftest import DATA_DIR, REPO
 
+from hf_posenc.pipeline import arguments
+
 pytestmark = pytest.mark.skipif(not DATA_DIR.is_dir(), reason="shared data folder absent")
 
 CPU_DDP = REPO / "train_scripts" / "accelerate" / "cpu_ddp_2proc.yaml"
@@ -95,6 +97,19 @@ def test_two_cpu_processes_train_and_only_the_first_writes_the_run(tmp_path):
         "run",
         "run-checkpoints",
     ]  # no partial or extra folders
+
+
+@pytest.mark.parametrize(
+    "variable, name", [("ACCELERATE_USE_FSDP", "FSDP"), ("ACCELERATE_USE_DEEPSPEED", "DeepSpeed")]
+)
+def test_a_sharded_launch_on_cpus_is_refused_not_run_as_ddp(monkeypatch, capsys, variable, name):
+    """accelerate runs an FSDP or DeepSpeed config with use_cpu as plain DDP (its MULTI_CPU mode): the sharding the
+    config promises would silently not happen, so train.py refuses it by name before any work."""
+    monkeypatch.setenv("ACCELERATE_USE_CPU", "true")
+    monkeypatch.setenv(variable, "true")
+    with pytest.raises(SystemExit):
+        arguments.parse_args(["--recipe", "multi30k-en-de-tiny", "--output_dir", "unused"])
+    assert f"{name} was launched on CPUs" in capsys.readouterr().err
 
 
 @pytest.mark.slow

@@ -316,8 +316,17 @@ def parse_args(argv=None) -> Arguments:
         flags = " ".join(f"--{name}" for name in sorted(given & set(PRECISION_FIELDS)))
         parser.error(f"set the precision with --precision (auto, bf16, fp16, fp32), not {flags}")
     parser.set_defaults(**recipe)
-    if "use_cpu" not in given and cpu_launch():
-        parser.set_defaults(use_cpu=True)  # the Trainer's processes form their group (gloo) only with use_cpu
+    if cpu_launch():
+        if sharding := sharded_launch():
+            parser.error(
+                f"{sharding} was launched on CPUs: accelerate shards only over accelerators, and with use_cpu its "
+                "processes would run plain DDP (its MULTI_CPU mode) while the config promises sharding; launch "
+                "with train_scripts/accelerate/cpu_ddp_2proc.yaml on CPUs, or the FSDP/DeepSpeed config on GPUs"
+            )
+        if "use_cpu" not in given:
+            parser.set_defaults(
+                use_cpu=True
+            )  # the Trainer's processes form their group (gloo) only with use_cpu
     try:
         run, data, model, training = parser.parse_args_into_dataclasses(argv, look_for_args_file=False)
     except ValueError as error:  # the Trainer's own checks of its fields
@@ -338,6 +347,14 @@ def cpu_launch() -> bool:
     if os.environ.get("ACCELERATE_USE_CPU", "").lower() in ("1", "true", "yes"):
         return True
     return int(os.environ.get("WORLD_SIZE", "1")) > 1 and not torch.accelerator.is_available()
+
+
+def sharded_launch() -> str | None:
+    """The sharding `accelerate launch` was asked for (its FSDP or DeepSpeed config), or None."""
+    for variable, name in (("ACCELERATE_USE_FSDP", "FSDP"), ("ACCELERATE_USE_DEEPSPEED", "DeepSpeed")):
+        if os.environ.get(variable, "").lower() in ("1", "true", "yes"):
+            return name
+    return None
 
 
 def given_flags(argv: list[str]) -> set[str]:
