@@ -62,9 +62,11 @@ lint: install
 	$(VENV)/bin/ruff format --check hf_posenc train_scripts tests benchmarks
 
 ## Speed, memory and decoding cost of every registered module vs stock MarianMTModel, as ratios in one process:
-## writes docs/benchmarks.md + docs/benchmarks_*.png (SYSTEMS="marian shaw ..." THREADS=1 ARGS="--device cuda")
+## writes docs/benchmarks.md + docs/benchmarks_*.png; SIZE=base|big writes docs/benchmarks-SIZE.*
+## (SYSTEMS="marian shaw ..." THREADS=1 PHASES=training ARGS="--device cuda --compile")
 bench: install
-	$(PY) -m benchmarks.run --threads $(THREADS) $(if $(SYSTEMS),--systems $(SYSTEMS)) $(ARGS)
+	$(PY) -m benchmarks.run --threads $(THREADS) $(if $(SIZE),--config $(SIZE)) \
+		$(if $(PHASES),--phases $(PHASES)) $(if $(SYSTEMS),--systems $(SYSTEMS)) $(ARGS)
 
 ## Regenerate the tables docs/ derives from the code (recipes, module hyperparameters)
 docs: install

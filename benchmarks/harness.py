@@ -165,14 +165,19 @@ def training_memory_bytes(model, optimizer, batch, device, autocast_dtype) -> in
         return saved_activation_bytes(model, batch) + parameter_bytes + gradient_bytes
 
 
+STOCK_MARIAN = "marian"  # the baseline system: transformers.MarianMTModel, built from the same config
+COMPILED = "+compile"  # the name suffix of a variant trained under torch.compile
+
+
 @dataclass
 class StepResult:
     variant: str
     length: int
     tokens_per_second: float
-    memory_bytes: int
+    memory_bytes: int | None  # None: not measured (a compiled variant on the CPU)
     parameters: int
     flops_per_token: float | None = None  # model FLOPs of forward + backward per target token, if counted
+    first_step_seconds: float | None = None  # compiled variants: the first step, compilation included
 
 
 def benchmark_training_steps(
@@ -185,15 +190,30 @@ def benchmark_training_steps(
     device: str = "cpu",
     autocast_dtype: torch.dtype | None = None,
     count_flops: bool = False,
+    compile: bool = False,
 ) -> list[StepResult]:
     """Median target tokens/s of fwd+bwd+AdamW steps and training memory, per variant (config overrides;
-    None = stock MarianMTModel) and length; with `count_flops`, also the FLOPs of forward + backward."""
+    None = stock MarianMTModel) and length; with `count_flops`, also the FLOPs of forward + backward. With
+    `compile`, every variant is also trained under `torch.compile` as `<name>+compile` (same weights at the
+    start), whose first step, compilation included, is timed on its own before the interleaved repeats; its
+    FLOPs are its eager twin's, its memory is measured on CUDA only (the CPU metric hooks autograd's saved
+    tensors, which a compiled graph does not expose)."""
     results = []
     for length in lengths:
         batch_size = max(1, tokens_per_batch // length)
         models = {name: build_model(base_fields, overrides, device) for name, overrides in variants.items()}
+        if compile:
+            for name, overrides in variants.items():
+                models[name + COMPILED] = torch.compile(build_model(base_fields, overrides, device))
         optimizers = {name: training_optimizer(model) for name, model in models.items()}
         batch = synthetic_batch(next(iter(models.values())).config, batch_size, length, device)
+        first_step = {}
+        for name in (name for name in models if name.endswith(COMPILED)):
+            synchronize(device)
+            start = time.perf_counter()
+            training_step(models[name], optimizers[name], batch, device, autocast_dtype)
+            synchronize(device)
+            first_step[name] = time.perf_counter() - start
         work = {
             name: training_run(
                 models[name], optimizers[name], batch, steps_per_repeat, device, autocast_dtype
@@ -201,16 +221,29 @@ def benchmark_training_steps(
             for name in models
         }
         seconds = interleaved_median_seconds(work, repeats, device)
+        flops = {}
         for name, model in models.items():
-            memory = training_memory_bytes(model, optimizers[name], batch, device, autocast_dtype)
+            compiled = name.endswith(COMPILED)
+            memory = (
+                None
+                if compiled and torch.device(device).type != "cuda"
+                else training_memory_bytes(model, optimizers[name], batch, device, autocast_dtype)
+            )
             tokens_per_second = batch_size * length * steps_per_repeat / seconds[name]
             parameters = model.num_parameters(only_trainable=True)
-            flops = (
-                training_flops(model, batch, device, autocast_dtype) / (batch_size * length)
-                if count_flops
-                else None
+            if count_flops and not compiled:  # eager variants come first: the compiled twin reuses them
+                flops[name] = training_flops(model, batch, device, autocast_dtype) / (batch_size * length)
+            results.append(
+                StepResult(
+                    name,
+                    length,
+                    tokens_per_second,
+                    memory,
+                    parameters,
+                    flops.get(name.removesuffix(COMPILED)),
+                    first_step.get(name),
+                )
             )
-            results.append(StepResult(name, length, tokens_per_second, memory, parameters, flops))
             del optimizers[name]  # free the optimizer state before the next length's models
     return results
 

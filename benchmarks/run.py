@@ -14,8 +14,11 @@ energies, `<mixer>_precomputed` (inference only). Measured, with systems interle
 per-token decoding time vs prefix length, parameter counts, and the model FLOPs utilisation (MFU) of the
 training step: FLOPs counted by torch's FlopCounterMode per second, over the dense matmul peak of the
 measured precision *measured on this machine* with the same threads (--peak_tflops gives a datasheet peak
-instead, e.g. on a GPU). Writes <output>/benchmarks.md (ratios vs stock Marian, machine, versions, date,
-command, targets), benchmarks_*.png and benchmarks.json.
+instead, e.g. on a GPU). With --compile, every system is also trained under `torch.compile`: its first step
+(compilation included), its steady speed over eager and the updates after which compiling pays. --phases picks
+what to measure (base and big on a CPU: training only, or it takes hours). Writes <output>/benchmarks.md
+(ratios vs stock Marian, machine, versions, date, command, targets), benchmarks_*.png and benchmarks.json for
+--config small, benchmarks-<config>.* for the other sizes (tiny, base, big), so that each size keeps its page.
 """
 
 import argparse
@@ -29,12 +32,13 @@ import sys
 import time
 from pathlib import Path
 
-import matplotlib
 import torch
 import transformers
 
 from benchmarks.harness import (
+    COMPILED,
     MODEL_SIZES,
+    STOCK_MARIAN,
     benchmark_training_steps,
     build_system,
     count_parameters,
@@ -44,13 +48,10 @@ from benchmarks.harness import (
     interleaved_median_seconds,
     synthetic_batch,
 )
+from benchmarks.plots import write_plots
 from hf_posenc.pipeline.hardware import choose_attention_backend, choose_precision, matmul_peak_flops
 from hf_posenc.pipeline.systems import System, benchmark_systems
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402  (after selecting the file-only backend)
-
-STOCK_MARIAN = "marian"
 NOTES_MARKER = "<!-- Everything below this line is kept when benchmarks/run.py rewrites this file. -->"
 # The issue's CPU targets: (system, metric, threshold, higher is better). Metrics are defined in `metric`.
 TARGETS = [
@@ -69,6 +70,11 @@ TARGETS = [
 ]
 # Every system's per-token decoding time growth from the first to the last prefix, over the baseline's growth.
 DECODE_GROWTH_LIMIT = 1.2
+# The issue's model FLOPs utilisation targets for sinusoidal's training step, by (device type, size): the share
+# of the measured (CPU) or given (GPU) matmul peak of the best precision.
+MFU_TARGETS = {("cpu", "base"): 0.50, ("cuda", "base"): 0.35, ("cuda", "big"): 0.40}
+GPU_MODULE_SPEED = 0.8  # at base on a GPU, every module's training tokens/s over sinusoidal's
+PHASES = ("training", "forward", "generation", "decode")  # training first: its MFU peak is measured warm
 
 
 def registered_systems() -> list[System]:
@@ -132,7 +138,25 @@ def parse_args(argv):
     parser.add_argument(
         "--max_positions", type=int, help="max_position_embeddings (default: the longest length measured)"
     )
-    parser.add_argument("--output_dir", type=Path, default=Path("docs"))
+    parser.add_argument(
+        "--phases",
+        nargs="+",
+        choices=list(PHASES),
+        default=list(PHASES),
+        help="what to measure (default all; at base or big size on a CPU, training alone takes most of an hour)",
+    )
+    parser.add_argument(
+        "--compile",
+        action="store_true",
+        help="also train every system under torch.compile: the first step (compilation included), the steady "
+        "speed against eager, and the updates after which compiling has paid for itself",
+    )
+    parser.add_argument(
+        "--output_dir",
+        type=Path,
+        default=Path("docs"),
+        help="writes benchmarks.md/.json/_*.png for --config small, benchmarks-<config>.* for the other sizes",
+    )
     args = parser.parse_args(argv)
     size = MODEL_SIZES[args.config]
     args.precision_choice = choose_precision(
@@ -149,6 +173,7 @@ def parse_args(argv):
     if args.lengths is None:
         args.lengths = [32, 128, 512] + ([1024] if torch.device(args.device).type == "cuda" else [])
     args.forward_lengths = args.forward_lengths or args.lengths
+    args.stem = "benchmarks" if args.config == "small" else f"benchmarks-{args.config}"
     return args
 
 
@@ -187,11 +212,15 @@ def measure_training(systems, fields, args, dtype) -> dict:
         device=args.device,
         autocast_dtype=dtype,
         count_flops=True,
+        compile=args.compile,
     )
     peak = peak_flops(args)
     return {
         "tokens_per_second": {f"{r.variant}@{r.length}": r.tokens_per_second for r in results},
-        "memory_bytes": {f"{r.variant}@{r.length}": r.memory_bytes for r in results},
+        "memory_bytes": {f"{r.variant}@{r.length}": r.memory_bytes for r in results if r.memory_bytes},
+        "first_step_seconds": {
+            f"{r.variant}@{r.length}": r.first_step_seconds for r in results if r.first_step_seconds
+        },
         "peak": peak,
         # model FLOPs utilisation: counted FLOPs per second over the peak
         "mfu": {
@@ -293,6 +322,8 @@ def geometric_mean(values) -> float:
 
 def metric(results: dict, system: str, name: str, args) -> tuple[float, float] | None:
     """(geometric mean, worst) over lengths/settings of a ratio vs the baseline; None if not measured."""
+    if ("training" if name in ("train", "memory") else "generation") not in results:
+        return None
     if name == "train":
         table, keys, higher = results["training"]["tokens_per_second"], [f"@{n}" for n in args.lengths], True
     elif name == "memory":
@@ -332,7 +363,7 @@ def mfu_section(results: dict, trained: list[str], args) -> list[str]:
     mfu, peak = results["training"]["mfu"], results["training"]["peak"]
     rows = [
         f"| {n} | " + " | ".join(f"{100 * mfu[f'{n}@{length}']:.1f}%" for length in args.lengths) + " |"
-        for n in trained
+        for n in [*trained, *([f"{name}{COMPILED}" for name in trained] if args.compile else [])]
     ]
     return [
         f"Model FLOPs utilisation of the training step (absolute; peak {peak['flops'] / 1e12:.3g} TFLOP/s, "
@@ -363,7 +394,7 @@ def machine_line(args) -> str:
 def targets_section(results: dict, systems: list[System], args) -> list[str]:
     names = {system.name for system in systems}
     lines = [
-        "## Issue targets (CPU)",
+        "## Issue targets",
         "",
         "Ratios vs stock Marian; the judged number is the geometric mean over the training lengths (train,",
         "memory) or the generation settings (decode); the worst single length/setting is in parentheses.",
@@ -382,8 +413,13 @@ def targets_section(results: dict, systems: list[System], args) -> list[str]:
             f"- {system} {name} {sign} {threshold}: **{'met' if met else 'missed'}**, {mean:.2f} "
             f"(worst {worst:.2f})"
         )
+    lines += mfu_targets(results, names, args)
     first, last = min(args.decode_prefixes), max(args.decode_prefixes)
-    growth = {s.name: decode_growth(results, s.name, args) for s in systems if s.name != STOCK_MARIAN}
+    growth = {
+        s.name: decode_growth(results, s.name, args)
+        for s in systems
+        if s.name != STOCK_MARIAN and "decode_ms" in results
+    }
     if growth:
         missed = [f"{name} {value:.2f}×" for name, value in growth.items() if value > DECODE_GROWTH_LIMIT]
         worst = max(growth, key=growth.get)
@@ -396,68 +432,68 @@ def targets_section(results: dict, systems: list[System], args) -> list[str]:
     return lines
 
 
-def line_style(index: int, system: System) -> dict:
-    """The baseline bold black; the others cycle colours, then line styles (about 20 systems share a plot)."""
-    if system.name == STOCK_MARIAN:
-        return dict(color="black", linewidth=2.5)
-    return dict(linewidth=1, linestyle=("-", "--", ":")[(index - 1) // 10 % 3])
+def mfu_targets(results: dict, names: set[str], args) -> list[str]:
+    """Sinusoidal's training MFU against the target for this device and size (the best length counts: a
+    position module cannot make short batches use the matmul units better), and on a GPU at base, every
+    module's training speed over sinusoidal's (geometric mean over lengths)."""
+    device = torch.device(args.device).type
+    if "training" not in results or "sinusoidal" not in names:
+        return []
+    lines = []
+    target = MFU_TARGETS.get((device, args.config))
+    if target is not None:
+        best = max(results["training"]["mfu"][f"sinusoidal@{n}"] for n in args.lengths)
+        lines.append(
+            f"- sinusoidal training MFU ≥ {100 * target:.0f}% at {args.config} on {device}: "
+            f"**{'met' if best >= target else 'missed'}**, {100 * best:.1f}% at its best length"
+        )
+    if device == "cuda" and args.config == "base":
+        train = results["training"]["tokens_per_second"]
+        slow = []
+        for name in sorted(names - {STOCK_MARIAN, "sinusoidal"}):
+            if all(f"{name}@{n}" in train for n in args.lengths):
+                ratio = geometric_mean(train[f"{name}@{n}"] / train[f"sinusoidal@{n}"] for n in args.lengths)
+                if ratio < GPU_MODULE_SPEED:
+                    slow.append(f"{name} {ratio:.2f}×")
+        lines.append(
+            f"- every module's training speed ≥ {GPU_MODULE_SPEED}× sinusoidal's at base on the GPU: "
+            f"**{'missed' if slow else 'met'}**" + (f" by {', '.join(slow)}" if slow else "")
+        )
+    return lines
 
 
-def write_plots(results: dict, systems: list[System], args) -> list[str]:
-    paths = []
-    metadata = {"Description": "systems: " + ", ".join(system.name for system in systems)}  # PNG text chunk
-    figure, axes = plt.subplots(1, 2, figsize=(12, 5))
-    for index, system in enumerate(systems):
-        style = line_style(index, system)
-        for axis, measured, lengths in (
-            (axes[0], results["training"]["tokens_per_second"], args.lengths),
-            (axes[1], {k: 1 / v for k, v in results["forward_seconds"].items()}, args.forward_lengths),
-        ):
-            points = [
-                (n, measured[f"{system.name}@{n}"] / measured[f"{STOCK_MARIAN}@{n}"])
-                for n in lengths
-                if f"{system.name}@{n}" in measured  # inference-only systems have no training numbers
-            ]
-            if points:
-                axis.plot(*zip(*points, strict=True), marker="o", label=system.name, **style)
-    panels = (
-        ("training step (fwd+bwd+AdamW)", args.lengths),
-        (f"forward ×{args.forward_times} (paper 1)", args.forward_lengths),
-    )
-    for axis, (title, lengths) in zip(axes, panels, strict=True):
-        axis.set(xlabel="source = target length", ylabel="throughput / stock Marian", title=title)
-        axis.set_xscale("log", base=2)
-        axis.minorticks_off()
-        axis.set_xticks(lengths, [str(n) for n in lengths])
-        axis.grid(alpha=0.3)
-    axes[1].legend(fontsize=7, ncol=2)
-    figure.tight_layout()
-    paths.append(args.output_dir / "benchmarks_throughput.png")
-    figure.savefig(paths[-1], dpi=110, metadata=metadata)
-    plt.close(figure)
-
-    figure, axis = plt.subplots(figsize=(7, 5))
-    for index, system in enumerate(systems):
-        style = line_style(index, system)
-        milliseconds = [results["decode_ms"][f"{system.name}@{p}"] for p in args.decode_prefixes]
-        axis.plot(args.decode_prefixes, milliseconds, marker="o", label=system.name, **style)
-    axis.set(xlabel="prefix length (tokens in the cache)", ylabel="ms per greedy decoding step (batch 1)")
-    axis.set(title="per-token decoding time vs prefix")
-    axis.grid(alpha=0.3)
-    axis.legend(fontsize=7, ncol=2)
-    figure.tight_layout()
-    paths.append(args.output_dir / "benchmarks_decode.png")
-    figure.savefig(paths[-1], dpi=110, metadata=metadata)
-    plt.close(figure)
-    return [path.name for path in paths]
+def compile_section(results: dict, trained: list[str], args) -> list[str]:
+    """torch.compile against eager: the first step (compilation included), the steady speed, and the updates
+    after which compiling has paid for itself (compile overhead over the time saved per update)."""
+    train, first = results["training"]["tokens_per_second"], results["training"]["first_step_seconds"]
+    rows = []
+    for name in trained:
+        cells = []
+        for n in args.lengths:
+            eager, compiled = train[f"{name}@{n}"], train[f"{name}{COMPILED}@{n}"]
+            batch_tokens = max(1, args.tokens_per_batch // n) * n
+            eager_step, compiled_step = batch_tokens / eager, batch_tokens / compiled
+            overhead = first[f"{name}{COMPILED}@{n}"] - compiled_step
+            saved = eager_step - compiled_step
+            pays = f"{math.ceil(overhead / saved):,}" if saved > 0 else "never"
+            cells.append(f"{first[f'{name}{COMPILED}@{n}']:.0f} s, {compiled / eager:.2f}×, {pays}")
+        rows.append(f"| {name} | " + " | ".join(cells) + " |")
+    return [
+        "## torch.compile (training step)",
+        "",
+        "Per length: the first compiled step (compilation included), the steady speed compiled over eager, and",
+        "the updates after which compiling has paid for itself (a WMT run takes 100k-300k updates):",
+        "",
+        table(["system", *[f"L={n}" for n in args.lengths]], rows),
+        "",
+    ]
 
 
 def write_markdown(results: dict, systems: list[System], fields: dict, args, command: str, plots: list[str]):
     names = [system.name for system in systems]
     trained = [system.name for system in systems if not system.precomputed]
-    train, memory = results["training"]["tokens_per_second"], results["training"]["memory_bytes"]
     lines = [
-        "# Benchmarks: positional modules vs stock MarianMTModel",
+        f"# Benchmarks ({args.config}): positional modules vs stock MarianMTModel",
         "",
         f"Generated by `benchmarks/run.py` on {results['date']}:",
         "",
@@ -466,16 +502,14 @@ def write_markdown(results: dict, systems: list[System], fields: dict, args, com
         f"Machine: {results['machine']}. Device `{args.device}`, {args.precision_choice.line()}, "
         f"{args.attention_choice.line()}, seed {args.seed}, median of {args.repeats} interleaved "
         "repeats after one warm-up each. All numbers are ratios vs stock `transformers.MarianMTModel` "
-        "measured "
-        "in the same process (absolute times on a shared machine are not comparable across runs).",
+        "measured in the same process (absolute times on a shared machine are not comparable across runs).",
         "",
         f"Model fields (every system): `{json.dumps(fields)}`. Wall time per phase (s): "
         f"{json.dumps(results['phase_seconds'])}.",
         "",
         "Each token mixer is placed at *all* self-attention sites it allows (one variant per mixer, cross-"
         "attention stays content attention as in paper 2's models); `*_precomputed` systems are the same "
-        "mixers "
-        "folded with `precompute_position_attention()` and are measured for inference only.",
+        "mixers folded with `precompute_position_attention()` and are measured for inference only.",
         "",
         "## Systems and parameters",
         "",
@@ -488,6 +522,77 @@ def write_markdown(results: dict, systems: list[System], fields: dict, args, com
             ],
         ),
         "",
+    ]
+    if "training" in results:
+        lines += training_section(results, trained, args)
+        if args.compile:
+            lines += compile_section(results, trained, args)
+    if "forward_seconds" in results:
+        lines += [
+            f"## Forward benchmark of paper 1 (Fig. 2): one fixed batch forwarded {args.forward_times}×, "
+            "no gradients",
+            "",
+            "Speed ratio (higher is faster):",
+            "",
+            table(
+                ["system", *[f"L={n}" for n in args.forward_lengths]],
+                [ratio_row(n, results["forward_seconds"], args.forward_lengths, invert=True) for n in names],
+            ),
+            "",
+        ]
+    if "generation" in results:
+        settings = [f"b{b}k{k}" for b in args.generation_batch_sizes for k in args.beams]
+        lines += [
+            f"## Generation (tokens/s; source length {args.source_length}, exactly {args.new_tokens} new "
+            "tokens per sequence)",
+            "",
+            "Speed ratio (higher is faster); `b` = batch size, `k` = beams (1 = greedy):",
+            "",
+            table(
+                ["system", *[f"b{b} k{k}" for b in args.generation_batch_sizes for k in args.beams]],
+                [ratio_row(n, results["generation"], settings) for n in names],
+            ),
+            "",
+            "Stock Marian absolute: "
+            + ", ".join(
+                f"b{b} k{k}: {results['generation'][f'{STOCK_MARIAN}@b{b}k{k}']:,.0f} tok/s"
+                for b in args.generation_batch_sizes
+                for k in args.beams
+            ),
+            "",
+        ]
+    if "decode_ms" in results:
+        lines += [
+            "## Per-token decoding time vs prefix length (greedy, batch 1, through `generate` with its cache)",
+            "",
+            "Milliseconds per step at each prefix (fastest of the repeats, median over a ±10% window of steps), "
+            f"and the growth from prefix {min(args.decode_prefixes)} to {max(args.decode_prefixes)} relative to "
+            "stock Marian's growth (≈1 means no prefix recomputation beyond what attention's cache read costs):",
+            "",
+            table(
+                ["system", *[f"prefix {p}" for p in args.decode_prefixes], "growth vs Marian"],
+                [
+                    f"| {n} | "
+                    + " | ".join(f"{results['decode_ms'][f'{n}@{p}']:.2f}" for p in args.decode_prefixes)
+                    + f" | {decode_growth(results, n, args):.2f} |"
+                    for n in names
+                ],
+            ),
+            "",
+        ]
+    if plots:
+        lines += [f"Plots: {', '.join(f'[{plot}]({plot})' for plot in plots)}.", ""]
+    lines += [*targets_section(results, systems, args), "", NOTES_MARKER]
+    path = args.output_dir / f"{args.stem}.md"
+    kept = ""
+    if path.exists() and NOTES_MARKER in path.read_text():
+        kept = path.read_text().split(NOTES_MARKER, 1)[1]
+    path.write_text("\n".join(lines) + (kept or "\n"))
+
+
+def training_section(results: dict, trained: list[str], args) -> list[str]:
+    train, memory = results["training"]["tokens_per_second"], results["training"]["memory_bytes"]
+    return [
         f"## Training step (target tokens/s of fwd+bwd+AdamW; {args.tokens_per_batch} target tokens per "
         "batch)",
         "",
@@ -499,8 +604,7 @@ def write_markdown(results: dict, systems: list[System], fields: dict, args, com
         ),
         "",
         "Memory ratio (lower is smaller; CPU: bytes autograd saves for backward + parameters + gradients; "
-        "CUDA: "
-        "`max_memory_allocated` over one step):",
+        "CUDA: `max_memory_allocated` over one step):",
         "",
         table(
             ["system", *[f"L={n}" for n in args.lengths]],
@@ -514,69 +618,7 @@ def write_markdown(results: dict, systems: list[System], fields: dict, args, com
         ),
         "",
         *mfu_section(results, trained, args),
-        f"## Forward benchmark of paper 1 (Fig. 2): one fixed batch forwarded {args.forward_times}×, "
-        "no gradients",
-        "",
-        "Speed ratio (higher is faster):",
-        "",
-        table(
-            ["system", *[f"L={n}" for n in args.forward_lengths]],
-            [ratio_row(n, results["forward_seconds"], args.forward_lengths, invert=True) for n in names],
-        ),
-        "",
-        f"## Generation (tokens/s; source length {args.source_length}, exactly {args.new_tokens} new tokens "
-        "per "
-        "sequence)",
-        "",
-        "Speed ratio (higher is faster); `b` = batch size, `k` = beams (1 = greedy):",
-        "",
-        table(
-            ["system", *[f"b{b} k{k}" for b in args.generation_batch_sizes for k in args.beams]],
-            [
-                ratio_row(
-                    n,
-                    results["generation"],
-                    [f"b{b}k{k}" for b in args.generation_batch_sizes for k in args.beams],
-                )
-                for n in names
-            ],
-        ),
-        "",
-        "Stock Marian absolute: "
-        + ", ".join(
-            f"b{b} k{k}: {results['generation'][f'{STOCK_MARIAN}@b{b}k{k}']:,.0f} tok/s"
-            for b in args.generation_batch_sizes
-            for k in args.beams
-        ),
-        "",
-        "## Per-token decoding time vs prefix length (greedy, batch 1, through `generate` with its cache)",
-        "",
-        "Milliseconds per step at each prefix (fastest of the repeats, median over a ±10% window of steps), and the "
-        "growth "
-        f"from prefix {min(args.decode_prefixes)} to {max(args.decode_prefixes)} relative to stock Marian's "
-        "growth (≈1 means no prefix recomputation beyond what attention's cache read costs):",
-        "",
-        table(
-            ["system", *[f"prefix {p}" for p in args.decode_prefixes], "growth vs Marian"],
-            [
-                f"| {n} | "
-                + " | ".join(f"{results['decode_ms'][f'{n}@{p}']:.2f}" for p in args.decode_prefixes)
-                + f" | {decode_growth(results, n, args):.2f} |"
-                for n in names
-            ],
-        ),
-        "",
-        f"Plots: {', '.join(f'[{plot}]({plot})' for plot in plots)}.",
-        "",
-        *targets_section(results, systems, args),
-        "",
-        NOTES_MARKER,
     ]
-    path = args.output_dir / "benchmarks.md"
-    kept = ""
-    if path.exists() and NOTES_MARKER in path.read_text():
-        kept = path.read_text().split(NOTES_MARKER, 1)[1]
-    path.write_text("\n".join(lines) + (kept or "\n"))
 
 
 def main(argv=None):
@@ -601,21 +643,26 @@ def main(argv=None):
         results["phase_seconds"][name] = round(time.perf_counter() - start)
         print(f"[bench] {name} took {results['phase_seconds'][name]} s", file=sys.stderr, flush=True)
 
-    phase("training", measure_training, systems, fields)
-    peak, mfu = results["training"]["peak"], results["training"]["mfu"]
-    print(
-        f"[bench] peak {peak['flops'] / 1e12:.3g} TFLOP/s ({peak['source']}); {STOCK_MARIAN} MFU "
-        + ", ".join(f"L={n}: {100 * mfu[f'{STOCK_MARIAN}@{n}']:.1f}%" for n in args.lengths),
-        file=sys.stderr,
-        flush=True,
-    )
-    phase("forward_seconds", measure_forward, systems, fields)
-    models = eval_models(systems, fields, args)
-    phase("generation", measure_generation, models)
-    phase("decode_ms", measure_decode_steps, models)
+    if "training" in args.phases:
+        phase("training", measure_training, systems, fields)
+        peak, mfu = results["training"]["peak"], results["training"]["mfu"]
+        print(
+            f"[bench] peak {peak['flops'] / 1e12:.3g} TFLOP/s ({peak['source']}); {STOCK_MARIAN} MFU "
+            + ", ".join(f"L={n}: {100 * mfu[f'{STOCK_MARIAN}@{n}']:.1f}%" for n in args.lengths),
+            file=sys.stderr,
+            flush=True,
+        )
+    if "forward" in args.phases:
+        phase("forward_seconds", measure_forward, systems, fields)
+    if {"generation", "decode"} & set(args.phases):
+        models = eval_models(systems, fields, args)
+        if "generation" in args.phases:
+            phase("generation", measure_generation, models)
+        if "decode" in args.phases:
+            phase("decode_ms", measure_decode_steps, models)
 
     command = "python -m benchmarks.run " + shlex.join(sys.argv[1:] if argv is None else argv)
-    (args.output_dir / "benchmarks.json").write_text(json.dumps({"command": command, **results}, indent=1))
+    (args.output_dir / f"{args.stem}.json").write_text(json.dumps({"command": command, **results}, indent=1))
     plots = write_plots(results, systems, args)
     write_markdown(results, systems, fields, args, command, plots)
 

@@ -14,7 +14,7 @@ from benchmarks.run import parse_args, peak_flops, select_systems
 def test_benchmark_command_writes_tables_and_plots_for_every_system(tmp_path):
     """Protects `make bench`: the one command runs end to end and reports every system against stock Marian."""
     notes = "hand-written analysis that a rerun must keep"
-    (tmp_path / "benchmarks.md").write_text(
+    (tmp_path / "benchmarks-tiny.md").write_text(
         "old tables\n<!-- Everything below this line is kept when benchmarks/run.py rewrites this file. -->\n"
         + notes
     )
@@ -45,7 +45,7 @@ def test_benchmark_command_writes_tables_and_plots_for_every_system(tmp_path):
     command += ["--output_dir", str(tmp_path)]
     subprocess.run(command, check=True, cwd=REPO, timeout=120)
 
-    markdown = (tmp_path / "benchmarks.md").read_text()
+    markdown = (tmp_path / "benchmarks-tiny.md").read_text()  # each size keeps its own page
     for section in ("Training step", "Memory ratio", "Forward benchmark", "Generation", "Per-token decoding"):
         assert section in markdown
     for system in ("marian", "shaw", "rposnet_precomputed", "learned-shape"):
@@ -57,16 +57,45 @@ def test_benchmark_command_writes_tables_and_plots_for_every_system(tmp_path):
     assert "old tables" not in markdown and markdown.endswith(notes)
     assert "python -m benchmarks.run --config tiny" in markdown
 
-    results = json.loads((tmp_path / "benchmarks.json").read_text())
+    results = json.loads((tmp_path / "benchmarks-tiny.json").read_text())
     assert set(results["parameters"]) == {"marian", "shaw", "rposnet_precomputed", "learned-shape"}
     assert "rposnet_precomputed@8" not in results["training"]["tokens_per_second"]  # inference only
     assert 0 < results["training"]["mfu"]["shaw@16"] < 1
     assert {"marian@b2k4", "rposnet_precomputed@b2k4"} <= results["generation"].keys()
-    for plot in ("benchmarks_throughput.png", "benchmarks_decode.png"):
+    for plot in ("benchmarks-tiny_throughput.png", "benchmarks-tiny_decode.png"):
         png = (tmp_path / plot).read_bytes()
         assert (
             png.startswith(b"\x89PNG") and b"systems: marian, shaw, rposnet_precomputed, learned-shape" in png
         )
+
+
+def test_the_training_phase_alone_with_torch_compile(tmp_path):
+    """`--phases training --compile` (how base and big are measured): only the training tables, each system also
+    trained compiled, with its first step, its speed over eager and when compiling pays."""
+    command = [sys.executable, "-m", "benchmarks.run", "--config", "tiny", "--threads", "1"]
+    command += [
+        "--precision",
+        "fp32",
+        "--systems",
+        "sinusoidal",
+        "--lengths",
+        "8",
+        "--tokens_per_batch",
+        "32",
+    ]
+    command += ["--repeats", "1", "--phases", "training", "--compile", "--output_dir", str(tmp_path)]
+    subprocess.run(command, check=True, cwd=REPO, timeout=600)
+    markdown = (tmp_path / "benchmarks-tiny.md").read_text()
+    assert "Training step" in markdown and "## torch.compile (training step)" in markdown
+    assert "Forward benchmark" not in markdown and "Per-token decoding" not in markdown
+    results = json.loads((tmp_path / "benchmarks-tiny.json").read_text())
+    assert set(results["phase_seconds"]) == {"training"}
+    speed, first = results["training"]["tokens_per_second"], results["training"]["first_step_seconds"]
+    assert {"marian@8", "sinusoidal@8", "marian+compile@8", "sinusoidal+compile@8"} == speed.keys()
+    assert first.keys() == {"marian+compile@8", "sinusoidal+compile@8"} and min(first.values()) > 0
+    assert results["training"]["mfu"]["sinusoidal+compile@8"] > 0  # its eager twin's FLOPs
+    assert (tmp_path / "benchmarks-tiny_throughput.png").is_file()
+    assert not (tmp_path / "benchmarks-tiny_decode.png").exists()
 
 
 def test_a_given_peak_replaces_the_measured_one_in_mfu(monkeypatch):

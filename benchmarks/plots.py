@@ -1,0 +1,80 @@
+"""The plots of `make bench` (benchmarks/run.py): throughput per length as a ratio to stock Marian for the phases
+measured (training, paper 1's forward benchmark), and the per-token decoding time against the prefix length."""
+
+import matplotlib
+
+from benchmarks.harness import STOCK_MARIAN
+from hf_posenc.pipeline.systems import System
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402  (after selecting the file-only backend)
+
+
+def line_style(index: int, system: System) -> dict:
+    """The baseline bold black; the others cycle colours, then line styles (about 20 systems share a plot)."""
+    if system.name == STOCK_MARIAN:
+        return dict(color="black", linewidth=2.5)
+    return dict(linewidth=1, linestyle=("-", "--", ":")[(index - 1) // 10 % 3])
+
+
+def write_plots(results: dict, systems: list[System], args) -> list[str]:
+    """The throughput panels of the phases measured (training, forward) and the decoding-time plot."""
+    paths = []
+    metadata = {"Description": "systems: " + ", ".join(system.name for system in systems)}  # PNG text chunk
+    panels = [
+        (measured, lengths, title)
+        for key, measured, lengths, title in (
+            (
+                "training",
+                results.get("training", {}).get("tokens_per_second"),
+                args.lengths,
+                "training step (fwd+bwd+AdamW)",
+            ),
+            (
+                "forward_seconds",
+                {k: 1 / v for k, v in results.get("forward_seconds", {}).items()},
+                args.forward_lengths,
+                f"forward ×{args.forward_times} (paper 1)",
+            ),
+        )
+        if key in results
+    ]
+    if panels:
+        figure, axes = plt.subplots(1, len(panels), figsize=(6 * len(panels), 5), squeeze=False)
+        for axis, (measured, lengths, title) in zip(axes[0], panels, strict=True):
+            for index, system in enumerate(systems):
+                points = [
+                    (n, measured[f"{system.name}@{n}"] / measured[f"{STOCK_MARIAN}@{n}"])
+                    for n in lengths
+                    if f"{system.name}@{n}" in measured  # inference-only systems have no training numbers
+                ]
+                if points:
+                    axis.plot(
+                        *zip(*points, strict=True), marker="o", label=system.name, **line_style(index, system)
+                    )
+            axis.set(xlabel="source = target length", ylabel="throughput / stock Marian", title=title)
+            axis.set_xscale("log", base=2)
+            axis.minorticks_off()
+            axis.set_xticks(lengths, [str(n) for n in lengths])
+            axis.grid(alpha=0.3)
+        axes[0][-1].legend(fontsize=7, ncol=2)
+        figure.tight_layout()
+        paths.append(args.output_dir / f"{args.stem}_throughput.png")
+        figure.savefig(paths[-1], dpi=110, metadata=metadata)
+        plt.close(figure)
+    if "decode_ms" in results:
+        figure, axis = plt.subplots(figsize=(7, 5))
+        for index, system in enumerate(systems):
+            milliseconds = [results["decode_ms"][f"{system.name}@{p}"] for p in args.decode_prefixes]
+            axis.plot(
+                args.decode_prefixes, milliseconds, marker="o", label=system.name, **line_style(index, system)
+            )
+        axis.set(xlabel="prefix length (tokens in the cache)", ylabel="ms per greedy decoding step (batch 1)")
+        axis.set(title="per-token decoding time vs prefix")
+        axis.grid(alpha=0.3)
+        axis.legend(fontsize=7, ncol=2)
+        figure.tight_layout()
+        paths.append(args.output_dir / f"{args.stem}_decode.png")
+        figure.savefig(paths[-1], dpi=110, metadata=metadata)
+        plt.close(figure)
+    return [path.name for path in paths]
