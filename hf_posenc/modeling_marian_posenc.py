@@ -17,6 +17,7 @@ logits exactly; `from_marian` converts stock checkpoints.
 """
 
 import dataclasses
+import inspect
 import math
 
 import torch
@@ -59,6 +60,10 @@ MAX_NEW_TOKENS_OVER_SOURCE = 50  # paper 1 decodes up to source length + 50 toke
 # Paper 1's evaluation (§4.1): beam 4, length penalty 0.6; the saved generation config of every model.
 PAPER_1_DECODING = {"num_beams": 4, "length_penalty": 0.6}
 SHAPE_OFFSETS = "shape_offsets"  # the decoder's SHAPE offsets in `PosEncCache.extra_state`, (B, 1)
+# transformers 5.24 renamed `create_causal_mask`'s `past_key_values` to `cache` (the old name warns until 5.40)
+MASK_CACHE_ARGUMENT = (
+    "cache" if "cache" in inspect.signature(create_causal_mask).parameters else "past_key_values"
+)
 
 
 def shift_tokens_right(labels: torch.Tensor, pad_token_id: int, decoder_start_token_id: int) -> torch.Tensor:
@@ -386,7 +391,7 @@ class MarianPosEncDecoder(MarianPosEncStack):
             config=self.config,
             inputs_embeds=inputs_embeds,
             attention_mask=attention_mask,
-            past_key_values=self_cache,
+            **{MASK_CACHE_ARGUMENT: self_cache},
         )
         cross_mask = create_bidirectional_mask(
             config=self.config,
