@@ -25,6 +25,7 @@ import argparse
 import datetime
 import json
 import math
+import os
 import platform
 import shlex
 import statistics
@@ -74,6 +75,8 @@ DECODE_GROWTH_LIMIT = 1.2
 # of the measured (CPU) or given (GPU) matmul peak of the best precision.
 MFU_TARGETS = {("cpu", "base"): 0.50, ("cuda", "base"): 0.35, ("cuda", "big"): 0.40}
 GPU_MODULE_SPEED = 0.8  # at base on a GPU, every module's training tokens/s over sinusoidal's
+MEMORY_SHARE = 0.6  # of the memory available when training starts, for one group of interleaved systems
+TRAINING_BYTES_PER_PARAMETER = 16  # fp32 weights and gradients, AdamW's two moments
 PHASES = ("training", "forward", "generation", "decode")  # training first: its MFU peak is measured warm
 
 
@@ -200,23 +203,69 @@ def model_fields(args, systems: list[System]) -> dict:
     return fields
 
 
+def training_groups(systems: list[System], fields: dict, args) -> list[list[System]]:
+    """The trained systems in groups that fit in memory at once, each led by the baseline (the first system).
+
+    Interleaving keeps every model of a group alive with its optimizer: 16 bytes a parameter (fp32 weights and
+    gradients, AdamW's two moments), doubled for activations and the allocator. At base size on a 24 GiB machine
+    two dozen systems do not fit (the kernel killed that run), so a group takes at most MEMORY_SHARE of the
+    memory available now."""
+    trained = [system for system in systems if not system.precomputed]
+    if torch.device(args.device).type == "cuda":
+        available = torch.cuda.mem_get_info()[0]
+    else:
+        available = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    largest = max(count_parameters(fields, system.overrides) for system in trained)
+    size = max(2, int(MEMORY_SHARE * available // (2 * TRAINING_BYTES_PER_PARAMETER * largest)))
+    baseline, others = trained[0], trained[1:]
+    return [[baseline, *others[start : start + size - 1]] for start in range(0, len(others), size - 1)] or [
+        [baseline]
+    ]
+
+
 def measure_training(systems, fields, args, dtype) -> dict:
-    variants = {system.name: system.overrides for system in systems if not system.precomputed}
-    results = benchmark_training_steps(
-        variants,
-        fields,
-        lengths=args.lengths,
-        tokens_per_batch=args.tokens_per_batch,
-        repeats=args.repeats,
-        steps_per_repeat=1,
-        device=args.device,
-        autocast_dtype=dtype,
-        count_flops=True,
-        compile=args.compile,
-    )
+    """Every trained system's step speed, memory and MFU. Systems are interleaved with the baseline group by
+    group (`training_groups`); each group's speeds are scaled by the baseline's geometric mean over the groups
+    over its speed in that group, so every ratio to the baseline is the one measured in its own group."""
+    groups = training_groups(systems, fields, args)
+    if len(groups) > 1:
+        print(
+            f"[bench] training in {len(groups)} groups of at most {max(map(len, groups))} systems (memory)",
+            file=sys.stderr,
+            flush=True,
+        )
+    measured = []
+    for group in groups:
+        measured.append(
+            benchmark_training_steps(
+                {system.name: system.overrides for system in group},
+                fields,
+                lengths=args.lengths,
+                tokens_per_batch=args.tokens_per_batch,
+                repeats=args.repeats,
+                steps_per_repeat=1,
+                device=args.device,
+                autocast_dtype=dtype,
+                count_flops=True,
+                compile=args.compile,
+            )
+        )
+    baseline = [
+        {r.length: r.tokens_per_second for r in results if r.variant == STOCK_MARIAN} for results in measured
+    ]
+    mean = {n: geometric_mean(speeds[n] for speeds in baseline) for n in args.lengths}
+    speed, results = {}, []
+    for group_baseline, group_results in zip(baseline, measured, strict=True):
+        for r in group_results:
+            if f"{r.variant}@{r.length}" not in speed:  # the baseline: its first group's memory and FLOPs
+                speed[f"{r.variant}@{r.length}"] = (
+                    r.tokens_per_second * mean[r.length] / group_baseline[r.length]
+                )
+                results.append(r)
     peak = peak_flops(args)
     return {
-        "tokens_per_second": {f"{r.variant}@{r.length}": r.tokens_per_second for r in results},
+        "groups": [[system.name for system in group] for group in groups],
+        "tokens_per_second": speed,
         "memory_bytes": {f"{r.variant}@{r.length}": r.memory_bytes for r in results if r.memory_bytes},
         "first_step_seconds": {
             f"{r.variant}@{r.length}": r.first_step_seconds for r in results if r.first_step_seconds
@@ -224,7 +273,7 @@ def measure_training(systems, fields, args, dtype) -> dict:
         "peak": peak,
         # model FLOPs utilisation: counted FLOPs per second over the peak
         "mfu": {
-            f"{r.variant}@{r.length}": r.flops_per_token * r.tokens_per_second / peak["flops"]
+            f"{r.variant}@{r.length}": r.flops_per_token * speed[f"{r.variant}@{r.length}"] / peak["flops"]
             for r in results
         },
     }
@@ -386,7 +435,7 @@ def machine_line(args) -> str:
     if torch.device(args.device).type == "cuda":
         cpu += f"; GPU {torch.cuda.get_device_name()}"
     return (
-        f"{cpu}, {torch.get_num_threads()} thread(s) of {__import__('os').cpu_count()} cores; Python "
+        f"{cpu}, {torch.get_num_threads()} thread(s) of {os.cpu_count()} cores; Python "
         f"{platform.python_version()}, torch {torch.__version__}, transformers {transformers.__version__}"
     )
 
@@ -611,6 +660,18 @@ def training_section(results: dict, trained: list[str], args) -> list[str]:
             [ratio_row(n, memory, args.lengths) for n in trained],
         ),
         "",
+        *(
+            [
+                f"Measured in {len(groups)} groups that fit in memory, each interleaved with the baseline; each "
+                "group's speeds are scaled by the baseline's geometric mean over the groups over its own speed "
+                "there, so every ratio is the one of its group: "
+                + "; ".join(", ".join(g) for g in groups)
+                + ".",
+                "",
+            ]
+            if len(groups := results["training"]["groups"]) > 1
+            else []
+        ),
         "Stock Marian absolute: "
         + ", ".join(
             f"L={n}: {train[f'{STOCK_MARIAN}@{n}']:,.0f} tok/s, {memory[f'{STOCK_MARIAN}@{n}'] / 2**20:,.0f} MiB"

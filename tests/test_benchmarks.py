@@ -98,6 +98,21 @@ def test_the_training_phase_alone_with_torch_compile(tmp_path):
     assert not (tmp_path / "benchmarks-tiny_decode.png").exists()
 
 
+def test_systems_train_in_groups_that_fit_in_memory_each_led_by_the_baseline(monkeypatch):
+    """At base size two dozen systems with their optimizers do not fit in 24 GiB at once: the training phase
+    interleaves them in groups sized from the memory available, each group with the baseline."""
+    from benchmarks import run
+
+    args = parse_args(["--config", "base", "--precision", "fp32", "--attention_backend", "eager"])
+    systems = select_systems(["shaw", "t5_bias", "alibi", "rope", "rposnet_precomputed"])
+    fields = run.model_fields(args, systems)
+    largest = max(count_parameters(fields, system.overrides) for system in systems)
+    pages = 3 * 2 * run.TRAINING_BYTES_PER_PARAMETER * largest / run.MEMORY_SHARE / 4096  # room for 3 systems
+    monkeypatch.setattr(run.os, "sysconf", lambda name: 4096 if name == "SC_PAGE_SIZE" else int(pages) + 1)
+    groups = [[system.name for system in group] for group in run.training_groups(systems, fields, args)]
+    assert groups == [["marian", "shaw", "t5_bias"], ["marian", "alibi", "rope"]]  # inference-only left out
+
+
 def test_a_given_peak_replaces_the_measured_one_in_mfu(monkeypatch):
     """--peak_tflops (a GPU's datasheet peak) is used as given, without measuring."""
     from benchmarks import run
