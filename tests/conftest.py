@@ -16,6 +16,14 @@ DATA_DIR = DATA_ROOT / "multi30k"  # the shipped data: ../shared/data beside the
 PAD, EOS, VOCAB = 0, 1, 60
 
 
+def tiny_run_flags(train_limit: int = 300) -> list[str]:
+    """train.py flags of a seconds-long run on the shipped Multi30k: the tiny recipe with a 1-layer d32 model,
+    `train_limit` training pairs and 4 test sentences (each test adds its budget and checks)."""
+    model = ["--d_model", "32", "--layers", "1", "--heads", "2", "--ffn_dim", "32", "--vocab_size", "400"]
+    data = ["--data_dir", str(DATA_DIR), "--train_limit", str(train_limit), "--test_limit", "4"]
+    return ["--recipe", "multi30k-en-de-tiny", *data, *model]
+
+
 # The tiny Marian dimensions every test model shares (stock MarianConfig accepts them too).
 TINY_FIELDS = dict(
     vocab_size=VOCAB,

@@ -8,7 +8,7 @@ import shutil
 
 import pytest
 import torch
-from conftest import DATA_DIR, source_batch, tiny_model
+from conftest import DATA_DIR, source_batch, tiny_model, tiny_run_flags
 
 from hf_posenc import MarianPosEncConfig
 from hf_posenc.pipeline import arguments, resume, run
@@ -208,26 +208,9 @@ def test_zero_bootstrap_samples_are_an_error_not_sacrebleus_default():
 # ---- no lost runs
 
 
-def tiny_run_flags(tmp_path):
+def tiny_job_flags(tmp_path):
     return [
-        "--recipe",
-        "multi30k-en-de-tiny",
-        "--data_dir",
-        str(DATA_DIR),
-        "--train_limit",
-        "300",
-        "--test_limit",
-        "4",
-        "--d_model",
-        "32",
-        "--layers",
-        "1",
-        "--heads",
-        "2",
-        "--ffn_dim",
-        "32",
-        "--vocab_size",
-        "400",
+        *tiny_run_flags(),
         "--minutes",
         "0",
         "--precision",
@@ -245,7 +228,7 @@ def tiny_run_flags(tmp_path):
 
 @pytest.mark.skipif(not DATA_DIR.is_dir(), reason="shared data folder absent")
 def test_a_finished_run_is_not_overwritten_without_asking(tmp_path):
-    flags = tiny_run_flags(tmp_path)
+    flags = tiny_job_flags(tmp_path)
     first = run.main([*flags, "--max_steps", "2"])
     with pytest.raises(ValueError, match="already hold a run; resume it with --resume_from_checkpoint last"):
         run.main([*flags, "--max_steps", "3"])
@@ -256,7 +239,7 @@ def test_a_finished_run_is_not_overwritten_without_asking(tmp_path):
 
 @pytest.mark.skipif(not DATA_DIR.is_dir(), reason="shared data folder absent")
 def test_resuming_last_skips_a_half_written_checkpoint(tmp_path, caplog):
-    flags = tiny_run_flags(tmp_path)
+    flags = tiny_job_flags(tmp_path)
     run.main([*flags, "--max_steps", "2", "--save_strategy", "steps", "--save_steps", "1"])
     checkpoints = tmp_path / "run-checkpoints"
     (checkpoints / "checkpoint-2" / "trainer_state.json").unlink()  # cut off while being written
@@ -272,7 +255,7 @@ def test_resuming_last_skips_a_half_written_checkpoint(tmp_path, caplog):
 @pytest.mark.skipif(not DATA_DIR.is_dir(), reason="shared data folder absent")
 def test_resuming_a_run_cut_off_after_its_last_checkpoint_makes_no_further_update(tmp_path):
     """The Trainer's loop checks the budget only after an update: resuming at the budget must not call it."""
-    flags = tiny_run_flags(tmp_path)
+    flags = tiny_job_flags(tmp_path)
     first = run.main([*flags, "--max_steps", "2", "--save_strategy", "steps", "--save_steps", "1"])
     weights = (tmp_path / "run" / "model.safetensors").read_bytes()
     shutil.rmtree(tmp_path / "run")  # cut off while decoding: the checkpoints hold the whole budget
@@ -317,7 +300,7 @@ def test_a_resumed_time_budget_counts_the_time_already_spent():
 
 @pytest.mark.skipif(not DATA_DIR.is_dir(), reason="shared data folder absent")
 def test_a_checkpoint_with_truncated_weights_is_named_and_skipped(tmp_path, caplog):
-    flags = tiny_run_flags(tmp_path)
+    flags = tiny_job_flags(tmp_path)
     run.main([*flags, "--max_steps", "2", "--save_strategy", "steps", "--save_steps", "1"])
     weights = tmp_path / "run-checkpoints" / "checkpoint-2" / "model.safetensors"
     weights.write_bytes(weights.read_bytes()[:64])

@@ -6,7 +6,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-from conftest import DATA_DIR
+from conftest import DATA_DIR, tiny_run_flags
 
 from hf_posenc.pipeline import arguments, run
 from hf_posenc.pipeline.export import check_output_folders, copy_training_logs, push_to_hub, write_run_folder
@@ -152,24 +152,7 @@ def test_a_new_folder_replaces_the_old_one_whole(tmp_path):
 
 def tiny_flags(tmp_path):
     return [
-        "--recipe",
-        "multi30k-en-de-tiny",
-        "--data_dir",
-        str(DATA_DIR),
-        "--train_limit",
-        "200",
-        "--test_limit",
-        "4",
-        "--d_model",
-        "32",
-        "--layers",
-        "1",
-        "--heads",
-        "2",
-        "--ffn_dim",
-        "32",
-        "--vocab_size",
-        "400",
+        *tiny_run_flags(train_limit=200),
         "--minutes",
         "0",
         "--max_steps",

@@ -8,7 +8,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import DATA_DIR, REPO
+from conftest import DATA_DIR, REPO, tiny_run_flags
 
 from hf_posenc.pipeline import arguments
 
@@ -19,24 +19,7 @@ LAUNCH = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", s
 SINGLE = [sys.executable]
 # dropout 0: the processes draw their own dropout masks, one process draws them in another order
 TINY = [
-    "--recipe",
-    "multi30k-en-de-tiny",
-    "--data_dir",
-    str(DATA_DIR),
-    "--train_limit",
-    "300",
-    "--test_limit",
-    "4",
-    "--d_model",
-    "32",
-    "--layers",
-    "1",
-    "--heads",
-    "2",
-    "--ffn_dim",
-    "32",
-    "--vocab_size",
-    "400",
+    *tiny_run_flags(),
     "--dropout",
     "0",
     "--minutes",

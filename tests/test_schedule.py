@@ -6,7 +6,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from conftest import DATA_DIR
+from conftest import DATA_DIR, tiny_run_flags
 
 from hf_posenc.pipeline import arguments, run
 from hf_posenc.pipeline.schedule import BudgetSchedule, SchedulePlan
@@ -116,24 +116,7 @@ def test_explicit_schedule_flags_and_the_update_budgeted_recipe_keep_the_fixed_s
 @pytest.mark.skipif(not DATA_DIR.is_dir(), reason="shared data folder absent")
 def test_a_budgeted_run_records_its_plan_in_scores_and_card(tmp_path):
     flags = [
-        "--recipe",
-        "multi30k-en-de-tiny",
-        "--data_dir",
-        str(DATA_DIR),
-        "--train_limit",
-        "300",
-        "--test_limit",
-        "4",
-        "--d_model",
-        "32",
-        "--layers",
-        "1",
-        "--heads",
-        "2",
-        "--ffn_dim",
-        "32",
-        "--vocab_size",
-        "400",
+        *tiny_run_flags(),
         "--minutes",
         "0.15",
         "--precision",
