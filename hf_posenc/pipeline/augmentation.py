@@ -42,6 +42,8 @@ from .data import ParallelText
 
 logger = logging.getLogger(__name__)
 
+GROUP_SIZES = (2,)  # pairs joined into one example, by default: two consecutive pairs
+
 
 def check_augmentation(probability: float, group_sizes: Sequence[int]) -> tuple[float, tuple[int, ...]]:
     if isinstance(probability, bool) or not isinstance(probability, int | float) or not 0 <= probability <= 1:
@@ -56,7 +58,7 @@ def check_augmentation(probability: float, group_sizes: Sequence[int]) -> tuple[
 
 
 def concatenation_groups(
-    count: int, probability: float, group_sizes: Sequence[int] = (2,), seed: int = 0
+    count: int, probability: float, group_sizes: Sequence[int] = GROUP_SIZES, seed: int = 0
 ) -> np.ndarray:
     """Where each example of the walk described in the module docstring starts, over `count` pairs: `starts`
     (int64, one more than there are examples, ending with `count`); example e holds pairs
@@ -73,7 +75,7 @@ def concatenation_groups(
 
 
 def concatenate_consecutive(
-    text: ParallelText, probability: float, group_sizes: Sequence[int] = (2,), seed: int = 0
+    text: ParallelText, probability: float, group_sizes: Sequence[int] = GROUP_SIZES, seed: int = 0
 ) -> ParallelText:
     """`text` with each emitted example, with probability `probability`, a join of consecutive pairs (see the
     module docstring). The same arguments always give the same result."""

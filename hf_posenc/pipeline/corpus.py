@@ -47,7 +47,7 @@ import shutil
 import tempfile
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from functools import partial
 from pathlib import Path
 
@@ -59,7 +59,8 @@ from datasets.arrow_writer import ArrowWriter
 from filelock import FileLock
 from transformers import PreTrainedTokenizerFast
 
-from .augmentation import concatenation_groups
+from .arguments import DataArguments
+from .augmentation import GROUP_SIZES, concatenation_groups
 from .data import find_split_file, iter_parallel, stream_hf_translation
 from .tokenization import load_tokenizer, tokenizer_fingerprint, train_joint_bpe
 
@@ -81,6 +82,7 @@ PAIR_FEATURES = datasets.Features(
         "empty": datasets.Value("bool"),
     }
 )
+DATA_DEFAULTS = {f.name: f.default for f in fields(DataArguments)}  # each setting's one home: DataArguments
 SKIP_REASONS = ("empty", "too_long", "length_ratio")
 BPE_SAMPLE_SEED = 0  # fixed, not the training seed: runs with different seeds share one vocabulary
 BPE_MIN_FREQUENCY = 2
@@ -180,16 +182,16 @@ def training_source(data) -> PairSource:
 class CorpusSettings:
     """What the training corpus depends on (`from_arguments` reads them from `DataArguments`)."""
 
-    vocab_size: int = 8000
+    vocab_size: int = DATA_DEFAULTS["vocab_size"]
     tokenizer_name_or_path: str | None = None
-    bpe_sample_pairs: int = 1_000_000
+    bpe_sample_pairs: int = DATA_DEFAULTS["bpe_sample_pairs"]
     limit: int | None = None
-    max_length: int = 128
+    max_length: int = DATA_DEFAULTS["max_length"]
     max_train_length: int | None = None
-    max_length_ratio: float = 9.0  # 0: no ratio filter
-    empty_lines: str = "skip"
+    max_length_ratio: float = DATA_DEFAULTS["max_length_ratio"]  # 0: no ratio filter
+    empty_lines: str = "skip"  # DataArguments' unset: training pairs are skipped and counted
     concat_probability: float = 0.0
-    concat_group_sizes: tuple[int, ...] = (2,)
+    concat_group_sizes: tuple[int, ...] = GROUP_SIZES
     seed: int = 0
     cache_dir: str | None = None
     num_proc: int | None = None
@@ -206,7 +208,7 @@ class CorpusSettings:
             max_length_ratio=data.max_length_ratio,
             empty_lines=data.empty_lines or "skip",
             concat_probability=data.concat_probability,
-            concat_group_sizes=tuple(data.concat_group_sizes or (2,)),
+            concat_group_sizes=tuple(data.concat_group_sizes or GROUP_SIZES),
             seed=seed,
             cache_dir=data.data_cache_dir,
             num_proc=data.preprocessing_num_workers,

@@ -189,9 +189,10 @@ def build_model(args: Arguments, data: PreparedData):
 def check_longest_pair(model, data: PreparedData) -> None:
     """The longest source (training, validation or test) and target go through the model once, before any
     training: a bounded position table too short for them is an error now, not when their batch comes up."""
-    splits = [data.train, *([data.valid] if data.valid is not None else [])]
-    longest_source = max(int(list_lengths(split, "input_ids").max()) for split in splits)
-    longest_target = max(int(list_lengths(split, "labels").max()) for split in splits)
+    longest_source, longest_target = data.data_report["longest_source"], data.data_report["longest_target"]
+    if data.valid is not None:
+        longest_source = max(longest_source, int(list_lengths(data.valid, "input_ids").max()))
+        longest_target = max(longest_target, int(list_lengths(data.valid, "labels").max()))
     test_source = max(len(ids) for ids in data.tokenizer(data.test.source)["input_ids"])
     source = torch.full((1, max(longest_source, test_source)), data.tokenizer.eos_token_id)
     target = torch.full((1, longest_target), data.tokenizer.pad_token_id)
