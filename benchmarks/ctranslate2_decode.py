@@ -84,9 +84,9 @@ def table(rows: list[dict], model_dir: Path, test_name: str, sentences: int, bat
         f" {test_name}, {sentences} sentences, beam 4 (the saved generation config), batches of {batch_size}"
         " sentences sorted by length.",
         "",
-        f"Machine: {describe_hardware('cpu').line()}. Load average at the end: {load} (1, 5, 15 min). The"
-        " machine was shared with other jobs (training runs) while this ran, so absolute speeds are low and"
-        " noisy; the ratios compare runs made one after another in one process.",
+        f"Machine: {describe_hardware('cpu').line()}. Load average at the end: {load} (1, 5, 15 min; above"
+        f" {os.cpu_count()} the machine was shared with other jobs). The ratios compare runs made one after"
+        " another in one process.",
         "",
         "| system | threads | sentences/s | speed vs HF generate | BLEU | lines identical to HF generate |",
         "| --- | --- | --- | --- | --- | --- |",
