@@ -74,6 +74,43 @@ def test_every_table_holds_the_baseline_and_claims_name_known_systems():
         assert claim.relation in claims.TESTS and claim.source, claim.claim
 
 
+def test_extrapolation_rows_train_on_joined_pairs_and_measure_to_k16():
+    """#48 part 2: every length-relevant encoding trained as sinusoidal+concat4 (2-4 joined pairs, a 512-position
+    table) and measured at k = 1..16; other rows keep the harness's default k, and --length_k overrides both."""
+    rows = [s for s in tables.TABLES["extrapolation"] if s.name != tables.REFERENCE_SYSTEM]
+    names = {s.name.removesuffix("+concat4") for s in rows}
+    assert names == {
+        "sinusoidal",
+        "learned",
+        "alibi",
+        "rope",
+        "fire",
+        "kerple",
+        "t5_bias",
+        "shaw",
+        "rposnet",
+    } | {
+        "mpr_head",
+        "nope-decoder",
+    }
+    for system in rows:
+        assert system.training == tables.CONCAT4, system.name
+        assert system.overrides["max_position_embeddings"] == 512, system.name
+        assert tables.length_k(system.name) == [1, 2, 4, 8, 16]
+    assert (
+        tables.SYSTEMS["sinusoidal+concat4"] in tables.TABLES["length"]
+    )  # one row, two tables, trained once
+    assert tables.SYSTEMS["nope-decoder+concat4"].overrides["decoder_position_encoding"] == "none"
+    assert tables.length_k("sinusoidal") == tables.length_k("nope-decoder") == [1, 2, 4, 8]
+    args = cli.parse_args([])
+    rope = runs.Run(args.recipe, "en-de", "rope+concat4", 1)
+    assert runs.run_settings(rope, args)["length_k"] == [1, 2, 4, 8, 16]
+    assert runs.run_settings(rope, cli.parse_args(["--length_k", "1", "2"]))["length_k"] == [1, 2]
+    # every row's model takes a k = 16 input (at most 283 source tokens on the test set) and its decoding margin
+    for system in rows:
+        assert tables.row_config(system, args.recipe).max_position_embeddings >= 283 + 50, system.name
+
+
 def test_runs_are_planned_seed_by_seed_and_ablations_use_the_first_seeds():
     args = cli.parse_args(["--tables", "main", "gating", "--seeds", "1", "2", "3", "--ablation_seeds", "2"])
     planned = runs.planned_runs(args)

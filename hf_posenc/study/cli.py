@@ -25,7 +25,6 @@ from pathlib import Path
 import torch
 import transformers
 
-from ..analysis.length_generalisation import DEFAULT_K
 from ..pipeline.arguments import recipe_names
 from ..pipeline.cli import run_cli
 from ..pipeline.hardware import describe_hardware
@@ -79,7 +78,13 @@ def build_parser() -> argparse.ArgumentParser:
         "first pair's BLEU and length cells, its summary a line per pair (default: no README is written)",
     )
     parser.add_argument("--probe_sentences", type=int, default=100, help="test sentences the probe permutes")
-    parser.add_argument("--length_k", nargs="+", type=int, default=list(DEFAULT_K), help="sentences joined")
+    parser.add_argument(
+        "--length_k",
+        nargs="+",
+        type=int,
+        help="joined test sentences the length harness measures, for every run instead of its table row's (smoke "
+        "runs)",
+    )
     parser.add_argument("--bootstrap_samples", type=int, default=1000)
     parser.add_argument("--test_limit", type=int, help="only the first N test pairs (smoke runs)")
     return parser

@@ -35,7 +35,7 @@ from ..pipeline.arguments import parse_args as parse_train_args
 from ..pipeline.data import read_split
 from ..pipeline.evaluation import load_translation_model, translate
 from ..pipeline.hardware import choose_precision
-from .tables import SYSTEMS, TABLES
+from .tables import SYSTEMS, TABLES, length_k
 
 logger = logging.getLogger(__name__)
 LOG_FORMAT = "%(asctime)s %(name)s: %(message)s"
@@ -125,7 +125,7 @@ def run_settings(run: Run, args) -> dict:
     return {
         "train_arguments": train_arguments(run, args),
         "recipe": load_recipe(run.recipe),
-        "length_k": args.length_k,
+        "length_k": args.length_k or length_k(run.system),
         "probe_sentences": args.probe_sentences,
     }
 
@@ -234,7 +234,7 @@ def measure(run: Run, models: Path, results: Path, args) -> None:
     probes = word_order_probe(
         model, tokenizer, sources, num_permutations=2, num_beams=1, max_new_tokens=64, bf16=bf16
     )
-    length, joined = length_harness(models, test, args.length_k, bf16)
+    length, joined = length_harness(models, test, args.length_k or length_k(run.system), bf16)
     results.mkdir(parents=True, exist_ok=True)
     probe = {"sentences": args.probe_sentences, **{p.kind: vars(p) for p in probes}}
     (results / "word_order_probe.json").write_text(json.dumps(probe, indent=2) + "\n")

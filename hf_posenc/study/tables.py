@@ -9,6 +9,7 @@ of the settings a finished run is recognised by, so renaming a row or changing i
 import json
 from dataclasses import dataclass, field
 
+from ..analysis.length_generalisation import DEFAULT_K
 from ..configuration_marian_posenc import MarianPosEncConfig
 from ..pipeline.arguments import model_config
 from ..pipeline.arguments import parse_args as parse_train_args
@@ -27,7 +28,16 @@ TABLE_TITLES = {
     "posnet_dim": "PosNet-Embed kernel dimension d_p (paper 1 Fig. 3)",
     "rpe_dim": "RPE dimension d_r (paper 3 Fig. 2)",
     "length": "Length generalisation: extrapolating encodings and training options",
+    "extrapolation": "Extrapolation past the training length: length-relevant encodings trained on 2-4 joined "
+    "sentences",
 }
+
+# Training on 2-4 joined pairs (Varis & Bojar 2021) reaches training examples of about 4 test sentences (at most
+# max_length tokens); k = 8 and 16 are twice and four times that. A 512-position table holds the k = 16 inputs
+# (at most 283 source tokens on test_2016_flickr, plus the 50 new tokens decoding allows).
+CONCAT4 = {"concat_probability": 0.5, "concat_group_sizes": [2, 3, 4]}
+EXTRAPOLATION_K = (1, 2, 4, 8, 16)
+EXTRAPOLATION_POSITIONS = {"max_position_embeddings": 512}
 
 
 @dataclass(frozen=True)
@@ -38,14 +48,15 @@ class Row:
     module: str | None = None
     overrides: dict = field(default_factory=dict, hash=False)
     training: dict = field(default_factory=dict, hash=False)
+    length_k: tuple[int, ...] = DEFAULT_K  # the joined test sentences the length harness measures
 
     def system(self, name: str) -> System:
         base = module_overrides(self.module) if self.module else {}
         return System(name, {**base, **self.overrides}, self.training)
 
 
-# The rows of each ablation table after the reference system. None: the main system of that name (one run serves
-# both tables).
+# The rows of each ablation table after the reference system. None: the system of that name in the main table or an
+# earlier ablation table (one run serves both tables).
 ABLATION_ROWS: dict[str, dict[str, Row | None]] = {
     "gating": {
         "attention+gating": Row("attention", {"attention_gating": True}),
@@ -120,7 +131,29 @@ ABLATION_ROWS: dict[str, dict[str, Row | None]] = {
         "sinusoidal+shape": Row(overrides={"shape_max_shift": 100}),
         "learned+shape": Row("learned", {"shape_max_shift": 100}),
         "sinusoidal+concat": Row(training={"concat_probability": 0.5}),
-        "sinusoidal+concat4": Row(training={"concat_probability": 0.5, "concat_group_sizes": [2, 3, 4]}),
+        "sinusoidal+concat4": Row(
+            overrides=EXTRAPOLATION_POSITIONS, training=CONCAT4, length_k=EXTRAPOLATION_K
+        ),
+    },
+    # The encodings designed to extrapolate (ALiBi, RoPE, FIRE, KERPLE, T5 buckets, Shaw's clipped distances, no
+    # position in the decoder), then the papers' rPosNet and MPRHead and learned positions, each trained on joined
+    # examples as sinusoidal+concat4 is and measured to k = 16 (runs are planned in this order).
+    "extrapolation": {
+        "sinusoidal+concat4": None,
+        **{
+            f"{name}+concat4": Row(name, EXTRAPOLATION_POSITIONS, CONCAT4, EXTRAPOLATION_K)
+            for name in ("alibi", "rope", "fire", "kerple", "t5_bias", "shaw")
+        },
+        "nope-decoder+concat4": Row(
+            "none",
+            {"encoder_position_encoding": "sinusoidal", **EXTRAPOLATION_POSITIONS},
+            CONCAT4,
+            EXTRAPOLATION_K,
+        ),
+        **{
+            f"{name}+concat4": Row(name, EXTRAPOLATION_POSITIONS, CONCAT4, EXTRAPOLATION_K)
+            for name in ("rposnet", "mpr_head", "learned")
+        },
     },
 }
 
@@ -133,12 +166,20 @@ def comparison_tables() -> dict[str, list[System]]:
     tables = {"main": main}
     for table, rows in ABLATION_ROWS.items():
         systems = [by_name[name] if row is None else row.system(name) for name, row in rows.items()]
+        by_name.update((system.name, system) for system in systems)
         tables[table] = [by_name[REFERENCE_SYSTEM], *systems]
     return tables
 
 
 TABLES = comparison_tables()
 SYSTEMS: dict[str, System] = {system.name: system for systems in TABLES.values() for system in systems}
+
+
+def length_k(system: str) -> list[int]:
+    """The joined test sentences the length harness measures for a system's runs (its row's, else the harness's
+    default)."""
+    rows = (row for table in ABLATION_ROWS.values() for name, row in table.items() if name == system and row)
+    return list(next(rows, Row()).length_k)
 
 
 def row_config(system: System, recipe: str) -> MarianPosEncConfig:
