@@ -17,6 +17,7 @@ from ..pipeline.evaluation import ngram_sweep, plot_ngram_sweep
 from ..pipeline.hardware import Hardware
 from ..pipeline.systems import paper_deviations
 from .claims import SEED_SDS, SIGNIFICANT_P, STRONG_P, p_text
+from .extrapolation import extrapolation_section
 from .length import length_section
 from .results import KERNEL_NAMES, Results, mean_sd
 from .runs import Run, test_set
@@ -99,6 +100,7 @@ class Report(Results):
         if unrun:
             self.lines += [f"Not run for {pair}: {'; '.join(TABLE_TITLES[t] for t in unrun)}.", ""]
         self.lines += length_section(self, pair, self.docs)
+        self.lines += extrapolation_section(self, pair, self.docs)
         self.claims(pair, test.target)
         self.probe_table(pair)
         self.sweep(pair, test.target)

@@ -1,0 +1,184 @@
+"""Extrapolation past the training length in the report: the extrapolation table's systems, trained on 2-4 joined
+pairs (`tables.CONCAT4`), measured with k = 1..16 joined test sentences; how much of its k = 1 BLEU each keeps, its
+length ratio, and a verdict on the target (keep ≥ `TARGET_KEPT` of the k = 1 BLEU at k = `TARGET_K`, twice the
+longest joined training example, with length ratio ≥ `TARGET_RATIO`).
+
+The verdict is a threshold test under the claims' rules (`claims.py`): a seeds × groups bootstrap as
+`bootstrap.bootstrap_gaps` draws it. The k = 8 input g joins test sentences 8g .. 8g + 7, so the group g holds both
+its joined translation and those 8 sentences' own (k = 1) translations; a sample draws the groups with replacement
+(the same groups for every seed: the seeds translate the same inputs) and the seeds with replacement, and its kept
+share is the mean over the drawn seeds of BLEU(k = 8) / BLEU(k = 1) on the drawn groups (the length ratio likewise).
+The target is **met** where the lower bounds of the `CONFIDENCE` intervals of both are at or above their thresholds
+(one-sided tests at α = 0.05), **missed** where an upper bound is below its threshold, and **undecided (n seeds)**
+otherwise; one seed gets no call, as a claim does not.
+"""
+
+import gzip
+import statistics
+from pathlib import Path
+
+import numpy as np
+
+from ..analysis.length_generalisation import join_consecutive
+from .bootstrap import bleu_of_statistics, percentile_interval, sentence_statistics
+from .claims import CONFIDENCE
+from .length import joined_at, kept_over_seeds
+from .results import Results
+from .runs import JOINED_TRANSLATIONS, Run, test_set
+from .tables import EXTRAPOLATION_K, TABLES
+
+TARGET_K, TARGET_KEPT, TARGET_RATIO = 8, 0.7, 0.9
+
+
+def grouped_statistics(results: Results, run: Run, k: int) -> tuple[np.ndarray, np.ndarray] | None:
+    """(groups, STATISTICS) twice: the k = 1 statistics of each group of k test sentences summed, and the statistics
+    of the group's joined translation; None where the run kept no translation for k (a k it could not take)."""
+    path = run.folder(results.root) / JOINED_TRANSLATIONS.format(k=k, lang=run.target_lang)
+    if not path.is_file():
+        return None
+    test = test_set(run.recipe, run.pair, results.args.test_limit)
+    joined = gzip.decompress(path.read_bytes()).decode().splitlines()
+    _, references = join_consecutive(test.source, test.target, k)
+    plain = results.statistics(run, test.target)[: len(references) * k]
+    return plain.reshape(len(references), k, -1).sum(axis=1), sentence_statistics(joined, references)
+
+
+def kept_samples(runs: list[tuple[np.ndarray, np.ndarray]], samples: int, seed: int = 0):
+    """(kept shares, length ratios), each (samples,): the seeds × groups bootstrap of the module docstring over the
+    `grouped_statistics` of a system's seeds. `seed` seeds the resampling, so a rebuilt report gives the same
+    intervals."""
+    rng = np.random.default_rng(seed)
+    groups = len(runs[0][0])
+    weights = rng.multinomial(groups, np.full(groups, 1.0 / groups), size=samples)  # (samples, groups)
+    with np.errstate(divide="ignore", invalid="ignore"):  # a sample whose k = 1 BLEU is 0 keeps nan
+        kept = np.stack(
+            [bleu_of_statistics(weights @ j) / bleu_of_statistics(weights @ p) for p, j in runs], 1
+        )
+    ratio = np.stack([(weights @ j[:, 0]) / (weights @ j[:, 1]) for _, j in runs], axis=1)  # (samples, seeds)
+    drawn = rng.integers(0, len(runs), size=kept.shape)  # (samples, seeds): the seeds of each sample
+
+    def mean_of_drawn(values: np.ndarray) -> np.ndarray:
+        return np.take_along_axis(values, drawn, axis=1).mean(axis=1)
+
+    return mean_of_drawn(kept), mean_of_drawn(ratio)
+
+
+def target_verdict(kept: tuple[float, float], ratio: tuple[float, float], seeds: int) -> str:
+    """The target's verdict from the intervals of the kept share and the length ratio (module docstring)."""
+    if seeds < 2:
+        return "one seed (no call)"
+    if kept[0] >= TARGET_KEPT and ratio[0] >= TARGET_RATIO:
+        return "**met**"
+    if kept[1] < TARGET_KEPT or ratio[1] < TARGET_RATIO:
+        return "**missed**"
+    return f"undecided ({seeds} seeds)"
+
+
+def why_missed(row: dict) -> str:
+    """What the k = TARGET_K scores say about a miss: a model that stops early writes fewer sentence ends than the
+    references and a short translation; one that translates the whole input worse keeps its length."""
+    ends = row["hyp_sentence_ends"] / max(row["ref_sentence_ends"], 1)
+    if row["length_ratio"] < TARGET_RATIO:
+        return f"stops early (length ratio {row['length_ratio']:.2f}, {ends:.0%} of the references' sentence ends)"
+    return f"writes the whole length (ratio {row['length_ratio']:.2f}) with fewer correct n-grams"
+
+
+def extrapolation_section(results: Results, pair: str, docs: Path) -> list[str]:
+    """The report's extrapolation section of a pair (none before a row of the table has a run), its figure drawn
+    into `docs`."""
+    systems = [s.name for s in TABLES["extrapolation"][1:]]  # the rows, without the plain reference
+    runs = {name: found for name in systems if (found := results.runs_of(pair, name))}
+    if not runs:
+        return []
+    header = ["system", "seeds", "BLEU k=1"]
+    header += [f"kept k={k}" for k in EXTRAPOLATION_K[1:]]
+    header += [f"ratio k={k}" for k in EXTRAPOLATION_K[2:]]
+    header += [f"kept k={TARGET_K}, {CONFIDENCE:.0%} interval", "target", "where it misses"]
+    lines = ["| " + " | ".join(header) + " |", "|" + " --- |" * len(header)]
+    curves = {}
+    for name, found in runs.items():
+        measured = [results.read(run, "length_generalisation.json") for run in found]
+        degenerate = [f"seed {run.seed}" for run in found if results.degenerate(run)]
+        label = f"`{name}`" + (f" (degenerate: {', '.join(degenerate)})" if degenerate else "")
+        cells = [label, str(len(found)), f"{statistics.mean(results.bleu(run) for run in found):.2f}"]
+        shares = {}
+        for k in EXTRAPOLATION_K[1:]:
+            over_seeds = kept_over_seeds(measured, k)
+            shares[k] = over_seeds
+            cells.append("cannot" if over_seeds is None else kept_text(over_seeds[0]))
+        for k in EXTRAPOLATION_K[2:]:
+            cells.append("–" if shares[k] is None else f"{shares[k][1]:.2f}")
+        curves[name] = {k: statistics.mean(s[0]) for k, s in shares.items() if s is not None}
+        cells += target_cells(results, found, measured)
+        lines.append("| " + " | ".join(cells) + " |")
+    figure = f"results_{pair}_extrapolation.png"
+    plot_kept(curves, docs / figure, f"share of the k = 1 BLEU kept, {pair}, mean over seeds")
+    return [
+        "### Extrapolation past the training length",
+        "",
+        "Every system here trained on the comparison protocol with half its training examples 2-4 joined pairs "
+        "(at most the recipe's 128 tokens a side, about 4 test sentences) and a 512-position table, and was "
+        "measured with k = 1, 2, 4, 8, 16 consecutive test sentences joined into one input. Kept: the share of "
+        "the k = 1 BLEU kept with k joined (mean over seeds; ± their standard deviation); ratio: the hypothesis / "
+        f"reference length ratio there. Target: keep ≥ {TARGET_KEPT:.0%} at k = {TARGET_K} (twice the longest "
+        f"training example) with ratio ≥ {TARGET_RATIO}, tested on a seeds × groups bootstrap "
+        f"({results.args.bootstrap_samples} samples; `hf_posenc/study/extrapolation.py`): met where both "
+        f"{CONFIDENCE:.0%} intervals lie at or above the thresholds, missed where one lies below.",
+        "",
+        *lines,
+        "",
+        f"![extrapolation]({figure})",
+        "",
+    ]
+
+
+def kept_text(shares: list[float]) -> str:
+    if len(shares) < 2:
+        return f"{100 * shares[0]:.0f}%"
+    return f"{100 * statistics.mean(shares):.0f} ± {100 * statistics.stdev(shares):.0f}%"
+
+
+def target_cells(results: Results, runs: list[Run], measured: list[dict]) -> list[str]:
+    """The interval, verdict and reason cells of one system at k = TARGET_K."""
+    grouped = [grouped_statistics(results, run, TARGET_K) for run in runs]
+    if None in grouped:
+        return ["no translations kept", "", ""]
+    kept, ratio = kept_samples(grouped, results.args.bootstrap_samples)
+    kept_interval, ratio_interval = (
+        percentile_interval(kept, CONFIDENCE),
+        percentile_interval(ratio, CONFIDENCE),
+    )
+    verdict = target_verdict(kept_interval, ratio_interval, len(runs))
+    rows = [joined_at(result, TARGET_K) for result in measured]
+    mean_row = {
+        key: statistics.mean(row[key] for row in rows)
+        for key in ("length_ratio", "hyp_sentence_ends", "ref_sentence_ends")
+    }
+    reason = why_missed(mean_row) if verdict == "**missed**" else ""
+    low, high = kept_interval
+    return [f"[{100 * low:.0f}%, {100 * high:.0f}%]", verdict, reason]
+
+
+def plot_kept(curves: dict[str, dict[int, float]], path: Path, title: str) -> None:
+    """Kept share of the k = 1 BLEU against k, one line per system, as a PNG."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axis = plt.subplots(figsize=(7, 4.5))
+    colours = plt.get_cmap("tab20").colors
+    for index, (name, kept) in enumerate(curves.items()):
+        ks = [1, *kept]
+        axis.plot(ks, [1.0, *kept.values()], marker="o", color=colours[index % 20], label=name)
+    axis.axhline(TARGET_KEPT, color="grey", linewidth=0.8, linestyle="--")
+    axis.axvline(TARGET_K, color="grey", linewidth=0.8, linestyle=":")
+    axis.set_xscale("log", base=2)
+    axis.set_xticks(list(EXTRAPOLATION_K), [str(k) for k in EXTRAPOLATION_K])
+    axis.set_xlabel("test sentences joined into one input (k)")
+    axis.set_ylabel("share of the k = 1 BLEU kept")
+    axis.set_title(title)
+    axis.legend(fontsize=7, ncol=2)
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+    plt.close(figure)

@@ -1,0 +1,110 @@
+"""The report's extrapolation section (#48 part 2): kept shares at k = 1..16, the seeds × groups bootstrap and the
+target's verdict, from runs written the way compare.py writes them."""
+
+import gzip
+import json
+
+import numpy as np
+import pytest
+
+from hf_posenc.analysis.length_generalisation import join_consecutive
+from hf_posenc.pipeline.hardware import Hardware
+from hf_posenc.study import cli, extrapolation, runs
+from hf_posenc.study.bootstrap import sentence_statistics
+from hf_posenc.study.results import Results
+
+TEST_LIMIT = 32  # 4 groups of 8 sentences at k = 8, 2 inputs of 16 at k = 16
+
+
+def report_args(root):
+    return cli.parse_args(
+        ["--results_dir", str(root), "--test_limit", str(TEST_LIMIT), "--bootstrap_samples", "200"]
+    )
+
+
+def write_run(root, args, system: str, seed: int, joined: dict[int, list[str]], ratio: dict[int, float]):
+    """A finished run whose k = 1 translations are the references and whose k > 1 translations are `joined`."""
+    run = runs.Run(args.recipe, "en-de", system, seed)
+    folder = run.folder(root)
+    folder.mkdir(parents=True)
+    test = runs.test_set(args.recipe, "en-de", TEST_LIMIT)
+    hardware = Hardware("cpu", "a test machine", "AVX2", 1, "2.13.0+cpu").as_dict()
+    scores = {"bleu": 100.0, "chrf++": 100.0, "parameters": 1, "steps": 1600, "hardware": hardware}
+    (folder / "scores.json").write_text(json.dumps({**scores, "test_pairs": TEST_LIMIT, "precision": "bf16"}))
+    (folder / "test.hyp.de.gz").write_bytes(gzip.compress("".join(f"{t}\n" for t in test.target).encode()))
+    rows = [{"k": 1, "bleu": 100.0, "length_ratio": 1.0, "cannot": None}]
+    for k, hypotheses in joined.items():
+        path = folder / runs.JOINED_TRANSLATIONS.format(k=k, lang="de")
+        path.write_bytes(gzip.compress("".join(f"{h}\n" for h in hypotheses).encode()))
+        ends = sum(h.count(".") for h in hypotheses)
+        rows.append(
+            {"k": k, "bleu": 100.0 * ratio[k], "length_ratio": ratio[k], "cannot": None}
+            | {"hyp_sentence_ends": ends, "ref_sentence_ends": TEST_LIMIT}
+        )
+    (folder / "length_generalisation.json").write_text(json.dumps({"joined": rows, "buckets": []}))
+    probe = {kind: {"equivariance_gap": 0.5, "bleu_vs_original": 20.0} for kind in ("shuffle", "local_swap")}
+    (folder / "word_order_probe.json").write_text(json.dumps({"sentences": 3, **probe}))
+    (folder / "settings.json").write_text(json.dumps(runs.run_settings(run, args)))
+    return run
+
+
+def joined_references(k: int) -> list[str]:
+    test = runs.test_set(cli.COMPARISON_RECIPE, "en-de", TEST_LIMIT)
+    return join_consecutive(test.source, test.target, k)[1]
+
+
+def first_sentence_only(k: int) -> list[str]:
+    """A model that stops after the first sentence of each joined input."""
+    test = runs.test_set(cli.COMPARISON_RECIPE, "en-de", TEST_LIMIT)
+    return test.target[::k][: TEST_LIMIT // k]
+
+
+def test_a_perfect_extrapolator_meets_the_target_and_one_that_stops_early_misses_it(tmp_path):
+    args = report_args(tmp_path)
+    perfect = {k: joined_references(k) for k in (2, 4, 8, 16)}
+    early = {k: first_sentence_only(k) for k in (2, 4, 8, 16)}
+    for seed in (1, 2):
+        write_run(tmp_path, args, "alibi+concat4", seed, perfect, dict.fromkeys(perfect, 1.0))
+        write_run(tmp_path, args, "rope+concat4", seed, early, {2: 0.5, 4: 0.25, 8: 0.12, 16: 0.06})
+    write_run(tmp_path, args, "fire+concat4", 1, perfect, dict.fromkeys(perfect, 1.0))
+    lines = extrapolation.extrapolation_section(Results(args), "en-de", tmp_path)
+    rows = {line.split(" | ")[0].strip("| `"): line for line in lines if line.startswith("| `")}
+    assert set(rows) == {"alibi+concat4", "rope+concat4", "fire+concat4"}
+    assert "| 100 ± 0% |" in rows["alibi+concat4"] and "[100%, 100%] | **met**" in rows["alibi+concat4"]
+    assert "**missed** | stops early (length ratio 0.12" in rows["rope+concat4"]
+    assert "one seed (no call)" in rows["fire+concat4"]
+    assert (tmp_path / "results_en-de_extrapolation.png").is_file()
+
+
+def test_no_section_before_a_row_has_a_run(tmp_path):
+    args = report_args(tmp_path)
+    write_run(tmp_path, args, "sinusoidal", 1, {}, {})
+    assert extrapolation.extrapolation_section(Results(args), "en-de", tmp_path) == []
+
+
+def test_the_bootstrap_draws_the_same_groups_for_every_seed_and_keeps_exact_shares():
+    references = joined_references(8)
+    test = runs.test_set(cli.COMPARISON_RECIPE, "en-de", TEST_LIMIT)
+    plain = sentence_statistics(test.target, test.target).reshape(4, 8, -1).sum(axis=1)
+    joined = sentence_statistics(references, references)
+    kept, ratio = extrapolation.kept_samples([(plain, joined), (plain, joined)], samples=100)
+    assert kept.shape == ratio.shape == (100,)
+    assert np.allclose(kept, 1.0) and np.allclose(ratio, 1.0)
+    halved = sentence_statistics(first_sentence_only(8), references)
+    kept, ratio = extrapolation.kept_samples([(plain, halved)], samples=100)
+    assert (kept < 0.5).all() and (ratio < 0.3).all()
+
+
+@pytest.mark.parametrize(
+    "kept, ratio, seeds, verdict",
+    [
+        ((0.75, 0.9), (0.95, 1.0), 2, "**met**"),
+        ((0.65, 0.9), (0.95, 1.0), 2, "undecided (2 seeds)"),
+        ((0.75, 0.9), (0.85, 0.95), 3, "undecided (3 seeds)"),
+        ((0.5, 0.69), (0.95, 1.0), 2, "**missed**"),
+        ((0.8, 0.9), (0.8, 0.89), 2, "**missed**"),
+        ((0.8, 0.9), (0.95, 1.0), 1, "one seed (no call)"),
+    ],
+)
+def test_target_verdict_follows_the_intervals(kept, ratio, seeds, verdict):
+    assert extrapolation.target_verdict(kept, ratio, seeds) == verdict
