@@ -21,8 +21,8 @@ from hf_posenc.configuration_marian_posenc import MarianPosEncConfig
 from hf_posenc.modeling_marian_posenc import MarianPosEncForConditionalGeneration
 from hf_posenc.pipeline.hardware import autocast, synchronize, training_flops
 
-# Model sizes shared by the benchmark scripts. "base" is paper 1's Transformer base (§5.1); the paper base is
-# too slow for many variants on 2 CPU cores, "small" keeps the ratios meaningful there.
+# Model sizes shared by the benchmark scripts. "base" is paper 1's Transformer base (§5.1), "big" Transformer big;
+# both are too slow for many variants on 2 CPU cores, "small" keeps the ratios meaningful there.
 MODEL_SIZES = {
     "tiny": dict(
         d_model=32,
@@ -52,6 +52,17 @@ MODEL_SIZES = {
         decoder_attention_heads=8,
         encoder_ffn_dim=2048,
         decoder_ffn_dim=2048,
+        vocab_size=40000,
+    ),
+    # Transformer big (Vaswani et al. 2017 Table 3; the wmt14-*-big recipes): base's depth and vocabulary
+    "big": dict(
+        d_model=1024,
+        encoder_layers=6,
+        decoder_layers=6,
+        encoder_attention_heads=16,
+        decoder_attention_heads=16,
+        encoder_ffn_dim=4096,
+        decoder_ffn_dim=4096,
         vocab_size=40000,
     ),
 }
