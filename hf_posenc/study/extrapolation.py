@@ -22,7 +22,7 @@ import numpy as np
 from ..analysis.length_generalisation import join_consecutive
 from .bootstrap import bleu_of_statistics, percentile_interval, sentence_statistics
 from .claims import CONFIDENCE
-from .length import joined_at, kept_over_seeds
+from .length import joined_at, kept_cell, kept_over_seeds
 from .results import Results
 from .runs import JOINED_TRANSLATIONS, Run, test_set
 from .tables import EXTRAPOLATION_K, TABLES
@@ -105,7 +105,7 @@ def extrapolation_section(results: Results, pair: str, docs: Path) -> list[str]:
         for k in EXTRAPOLATION_K[1:]:
             over_seeds = kept_over_seeds(measured, k)
             shares[k] = over_seeds
-            cells.append("cannot" if over_seeds is None else kept_text(over_seeds[0]))
+            cells.append("cannot" if over_seeds is None else kept_cell(over_seeds[0]))
         for k in EXTRAPOLATION_K[2:]:
             cells.append("–" if shares[k] is None else f"{shares[k][1]:.2f}")
         curves[name] = {k: statistics.mean(s[0]) for k, s in shares.items() if s is not None}
@@ -130,12 +130,6 @@ def extrapolation_section(results: Results, pair: str, docs: Path) -> list[str]:
         f"![extrapolation]({figure})",
         "",
     ]
-
-
-def kept_text(shares: list[float]) -> str:
-    if len(shares) < 2:
-        return f"{100 * shares[0]:.0f}%"
-    return f"{100 * statistics.mean(shares):.0f} ± {100 * statistics.stdev(shares):.0f}%"
 
 
 def target_cells(results: Results, runs: list[Run], measured: list[dict]) -> list[str]:
