@@ -161,7 +161,8 @@ def plot_kept(curves: dict[str, dict[int, float]], path: Path, title: str) -> No
     import matplotlib.pyplot as plt
 
     figure, axis = plt.subplots(figsize=(7, 4.5))
-    colours = plt.get_cmap("tab20").colors
+    palette = plt.get_cmap("tab20").colors
+    colours = palette[::2] + palette[1::2]  # ten distinct hues before their light shades
     for index, (name, kept) in enumerate(curves.items()):
         ks = [1, *kept]
         axis.plot(ks, [1.0, *kept.values()], marker="o", color=colours[index % 20], label=name)
