@@ -9,6 +9,7 @@ from conftest import REPO
 
 from benchmarks.harness import MODEL_SIZES, count_parameters
 from benchmarks.run import parse_args, peak_flops, select_systems
+from hf_posenc.pipeline import arguments
 
 
 def test_benchmark_command_writes_tables_and_plots_for_every_system(tmp_path):
@@ -127,3 +128,15 @@ def test_every_benchmarked_system_builds_on_the_meta_device(system):
     """`make bench` counts every system's parameters on the meta device first (folded systems included)."""
     fields = dict(MODEL_SIZES["small"], max_position_embeddings=512)
     assert count_parameters(fields, system.overrides, system.precomputed) > 0
+
+
+@pytest.mark.parametrize("size", ["base", "big"])
+def test_base_and_big_sizes_are_the_wmt_recipes_models(size):
+    """`make bench SIZE=base|big` measures the model its WMT recipe trains (width, depth, heads, FFN)."""
+    recipe = arguments.load_recipe(f"wmt14-en-de-{size}")
+    fields = MODEL_SIZES[size]
+    assert fields["d_model"] == recipe["d_model"]
+    assert fields["encoder_layers"] == fields["decoder_layers"] == recipe["layers"]
+    assert fields["encoder_attention_heads"] == fields["decoder_attention_heads"] == recipe["heads"]
+    assert fields["encoder_ffn_dim"] == fields["decoder_ffn_dim"] == recipe["ffn_dim"]
+    assert parse_args(["--config", size]).config == size
