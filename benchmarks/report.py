@@ -302,24 +302,26 @@ def write_markdown(results: dict, systems: list[System], fields: dict, args, com
 
 def training_section(results: dict, trained: list[str], args) -> list[str]:
     train, memory = results["training"]["tokens_per_second"], results["training"]["memory_bytes"]
+
+    def length_table(measure: dict) -> str:
+        """Each trained system's ratio to the baseline at every length."""
+        return table(
+            ["system", *[f"L={n}" for n in args.lengths]],
+            [ratio_row(n, measure, args.lengths) for n in trained],
+        )
+
     return [
         f"## Training step (target tokens/s of fwd+bwd+AdamW; {args.tokens_per_batch} target tokens per "
         "batch)",
         "",
         "Speed ratio (higher is faster):",
         "",
-        table(
-            ["system", *[f"L={n}" for n in args.lengths]],
-            [ratio_row(n, train, args.lengths) for n in trained],
-        ),
+        length_table(train),
         "",
         "Memory ratio (lower is smaller; CPU: bytes autograd saves for backward + parameters + gradients; "
         "CUDA: `max_memory_allocated` over one step):",
         "",
-        table(
-            ["system", *[f"L={n}" for n in args.lengths]],
-            [ratio_row(n, memory, args.lengths) for n in trained],
-        ),
+        length_table(memory),
         "",
         *(
             [
