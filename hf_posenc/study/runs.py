@@ -234,7 +234,7 @@ def measure(run: Run, models: Path, results: Path, args) -> None:
     probes = word_order_probe(
         model, tokenizer, sources, num_permutations=2, num_beams=1, max_new_tokens=64, bf16=bf16
     )
-    length, joined = length_harness(models, test, args.length_k or length_k(run.system), bf16)
+    length, joined = length_harness(models, test, run_settings(run, args)["length_k"], bf16)
     results.mkdir(parents=True, exist_ok=True)
     probe = {"sentences": args.probe_sentences, **{p.kind: vars(p) for p in probes}}
     (results / "word_order_probe.json").write_text(json.dumps(probe, indent=2) + "\n")
