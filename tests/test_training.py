@@ -7,6 +7,7 @@ import textwrap
 
 import pytest
 import transformers
+from conftest import tiny_run_flags
 
 from hf_posenc.pipeline import run
 
@@ -179,3 +180,29 @@ def test_default_recipe_reaches_the_measured_quality(multi30k_dir, tmp_path):
     """`make train`'s recipe for its full 16 minutes: measured 30.2 BLEU on one loaded thread (README)."""
     scores = run.main(["--data_dir", str(multi30k_dir), "--output_dir", str(tmp_path / "default")])
     assert scores["total_minutes"] <= 20 and scores["bleu"] > 25, scores
+
+
+def test_torch_compile_trains_what_eager_trains_and_saves_the_plain_model(tmp_path):
+    """`--torch_compile true` (a Trainer field, off by default: docs/training.md says where it was measured):
+    the compiled step computes the eager step's losses (same seed, fp32, no dropout, whose random numbers
+    inductor draws differently) over token batches of changing shape, and the folder and checkpoints hold the
+    plain model's weights."""
+    from safetensors.torch import load_file
+
+    flags = [*tiny_run_flags(), "--dropout", "0", "--max_steps", "4", "--logging_steps", "1"]
+    flags += ["--save_strategy", "steps", "--save_steps", "2", "--average_last", "0", "--test_limit", "2"]
+    flags += ["--minutes", "0", "--schedule", "fixed"]
+    eager = run.main([*flags, "--output_dir", str(tmp_path / "eager")])
+    compiled = run.main([*flags, "--torch_compile", "true", "--output_dir", str(tmp_path / "compiled")])
+    assert compiled["torch_compile"] is True and eager["torch_compile"] is False
+
+    def losses(name):
+        state = tmp_path / f"{name}-checkpoints" / "checkpoint-4" / "trainer_state.json"
+        return [entry["loss"] for entry in json.loads(state.read_text())["log_history"] if "loss" in entry]
+
+    assert len(losses("eager")) == 4
+    assert losses("compiled") == pytest.approx(losses("eager"), rel=1e-3)
+    weights = {name: load_file(tmp_path / name / "model.safetensors") for name in ("eager", "compiled")}
+    assert weights["compiled"].keys() == weights["eager"].keys()
+    checkpoint = load_file(tmp_path / "compiled-checkpoints" / "checkpoint-4" / "model.safetensors")
+    assert checkpoint.keys() == weights["eager"].keys()

@@ -125,6 +125,23 @@ def check_choice(name: str, value: str, allowed: tuple[str, ...]) -> None:
         raise ValueError(f"{name}={value!r} is not known; allowed values: {', '.join(allowed)}")
 
 
+def check_compiler(compile: bool, backend: str | None, device) -> None:
+    """Under `--torch_compile` on the CPU, inductor builds its kernels with a C++ compiler at the first update;
+    without one the run would fail there, after the data stage. Refuse it before any work instead."""
+    if not compile or backend != "inductor" or torch.device(device).type != "cpu":
+        return
+    from torch._inductor import config, cpp_builder, exc
+
+    try:
+        cpp_builder.cpp_compiler_search(tuple(config.cpp.cxx))
+    except exc.InvalidCxxCompiler:
+        looked = ", ".join(c for c in config.cpp.cxx if c)
+        raise ValueError(
+            f"--torch_compile true on the CPU needs a C++ compiler (inductor builds its kernels with it) and none "
+            f"was found (looked for: {looked}; set $CXX to one): install g++, or pass --torch_compile false"
+        ) from None
+
+
 def autocast_dtype(precision: str, device) -> torch.dtype | None:
     """The autocast dtype of a training/decoding precision; None for fp32.
 

@@ -49,6 +49,7 @@ from .data import ParallelText, read_parallel, read_split
 from .evaluation import degenerate_output, encoder_token_cosine, score_translations, translate
 from .export import check_output_folders, export, set_aside_checkpoints, updates_text
 from .hardware import (
+    check_compiler,
     choose_attention_backend,
     choose_precision,
     describe_hardware,
@@ -411,6 +412,7 @@ def run_record(
         "precision_probe": precision.as_dict(),
         "attention_backend": backend.backend,
         "attention_probe": backend.as_dict(),
+        "torch_compile": args.training.torch_compile,
         "training_target_tokens": report.target_tokens,
         "training_target_tokens_per_second": round(report.tokens_per_second, 1),
         "model_flops_per_target_token": flops_per_token,
@@ -432,7 +434,8 @@ def print_summary(
     )
     speed = record["model_flops_per_target_token"] * record["training_target_tokens_per_second"] / 1e9
     print(
-        f"{record['hardware']['line']}; precision {record['precision']}, attention {record['attention_backend']}; "
+        f"{record['hardware']['line']}; precision {record['precision']}, attention {record['attention_backend']}"
+        f"{', torch.compile' if record['torch_compile'] else ''}; "
         f"{record['training_target_tokens_per_second']:.0f} target tokens/s = {speed:.1f} GFLOP/s, "
         f"MFU {100 * record['mfu']:.1f}% of the measured {record['matmul_peak_flops'] / 1e9:.0f} GFLOP/s peak"
     )
@@ -455,6 +458,8 @@ def main(argv=None) -> dict | None:
         overwrite=args.run.overwrite_output_dir,
         dry_run=args.run.hub_dry_run,
     )
+    training = args.training
+    check_compiler(training.torch_compile, training.torch_compile_backend, training.device)
     data = prepare_data(args)
     model, precision, backend = build_model(args, data)
     trainer, report = train(args, model, data, precision)
