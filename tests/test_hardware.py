@@ -211,15 +211,16 @@ def test_gpu_description_names_the_gpu_and_its_compute_capability(monkeypatch):
     assert line.startswith("NVIDIA H100 80GB HBM3, compute capability 9.0,")
 
 
-def test_torch_compile_on_the_cpu_without_a_compiler_is_refused_before_any_work(monkeypatch):
+def test_torch_compile_on_the_cpu_without_a_compiler_is_refused_before_any_work():
     """Inductor builds CPU kernels with the C++ compiler of `torch._inductor.config.cpp.cxx` ($CXX or g++) at the
     first update: without one, the run is refused up front with the names it looked for."""
     from torch._inductor import config
 
-    monkeypatch.setattr(config.cpp, "cxx", (None, "no-such-compiler++"))
-    with pytest.raises(ValueError, match=r"no-such-compiler\+\+.*--torch_compile false"):
+    with config.patch({"cpp.cxx": (None, "no-such-compiler++")}):
+        with pytest.raises(ValueError, match=r"no-such-compiler\+\+.*--torch_compile false"):
+            check_compiler(True, "inductor", "cpu")
+        check_compiler(False, "inductor", "cpu")  # not compiling
+        check_compiler(True, "inductor", "cuda")  # the GPU's kernels are Triton's
+    with config.patch({"cpp.cxx": (None, sys.executable)}):  # any program that answers --version
         check_compiler(True, "inductor", "cpu")
-    check_compiler(False, "inductor", "cpu")  # not compiling
-    check_compiler(True, "inductor", "cuda")  # the GPU's kernels are Triton's
-    monkeypatch.setattr(config.cpp, "cxx", (None, sys.executable))  # any program that answers --version
-    check_compiler(True, "inductor", "cpu")
+    assert config.cpp.cxx[-1] != sys.executable  # restored for the tests that compile
