@@ -190,7 +190,7 @@ def test_torch_compile_trains_what_eager_trains_and_saves_the_plain_model(tmp_pa
     from safetensors.torch import load_file
 
     flags = [*tiny_run_flags(), "--dropout", "0", "--max_steps", "4", "--logging_steps", "1"]
-    flags += ["--save_strategy", "steps", "--save_steps", "2", "--average_last", "0", "--test_limit", "2"]
+    flags += ["--save_strategy", "steps", "--save_steps", "2", "--average_last", "0"]
     flags += ["--minutes", "0", "--schedule", "fixed"]
     eager = run.main([*flags, "--output_dir", str(tmp_path / "eager")])
     compiled = run.main([*flags, "--torch_compile", "true", "--output_dir", str(tmp_path / "compiled")])
