@@ -18,11 +18,21 @@ PAD, EOS, VOCAB = 0, 1, 60
 
 def tiny_run_flags(train_limit: int = 300) -> list[str]:
     """train.py flags of a seconds-long run on the shipped Multi30k: the tiny recipe with a 1-layer d32 model,
-    `train_limit` training pairs and 4 test sentences, fp32 and eager attention on one thread (no probes), no
+    `train_limit` training pairs and 4 test sentences, fp32 and eager attention on one thread (no probes), the C
+    library's memory release (the test process lives on; tests/test_multiprocess.py runs the default), no
     printed examples, and a degenerate result written, not fatal (each test adds its budget and checks)."""
     model = ["--d_model", "32", "--layers", "1", "--heads", "2", "--ffn_dim", "32", "--vocab_size", "400"]
     data = ["--data_dir", str(DATA_DIR), "--train_limit", str(train_limit), "--test_limit", "4"]
-    machine = ["--precision", "fp32", "--attention_backend", "eager", "--threads", "1"]
+    machine = [
+        "--precision",
+        "fp32",
+        "--attention_backend",
+        "eager",
+        "--threads",
+        "1",
+        "--cpu_memory",
+        "release",
+    ]
     quiet = ["--examples", "0", "--fail_on_degenerate", "false"]
     return ["--recipe", "multi30k-en-de-tiny", *data, *model, *machine, *quiet]
 

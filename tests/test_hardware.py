@@ -7,6 +7,8 @@ thing on this machine, for bounds only: which precision wins here is not asserte
 """
 
 import json
+import platform
+import subprocess
 import sys
 import time
 from dataclasses import replace
@@ -23,6 +25,7 @@ from hf_posenc.pipeline.hardware import (
     choose_attention_backend,
     choose_precision,
     describe_hardware,
+    keep_freed_memory,
     matmul_peak_flops,
     model_flops_per_target_token,
 )
@@ -224,3 +227,34 @@ def test_torch_compile_on_the_cpu_without_a_compiler_is_refused_before_any_work(
     with config.patch({"cpp.cxx": (None, sys.executable)}):  # any program that answers --version
         check_compiler(True, "inductor", "cpu")
     assert config.cpp.cxx[-1] != sys.executable  # restored for the tests that compile
+
+
+# Page faults of a fresh 256 MiB tensor after one was freed, in a process of its own (the setting is for the rest
+# of a process's life): with the C library's default, the second tensor is mapped anew and faults in all of its
+# 65,536 pages; with the freed memory kept, it is served from the pages of the first.
+FAULTS = """
+import json, resource, sys, torch
+from hf_posenc.pipeline.hardware import keep_freed_memory
+applied = sys.argv[1] == "reuse" and keep_freed_memory("cpu")
+def faults_of_a_fresh_tensor():
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    torch.ones(64 * 2**20)  # 256 MiB, freed at once
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
+faults_of_a_fresh_tensor()
+print(json.dumps({"applied": applied, "faults": faults_of_a_fresh_tensor()}))
+"""
+
+
+def faults_of_a_second_tensor(cpu_memory: str) -> dict:
+    command = [sys.executable, "-c", FAULTS, cpu_memory]
+    return json.loads(subprocess.run(command, capture_output=True, text=True, check=True, timeout=120).stdout)
+
+
+def test_kept_freed_memory_serves_the_next_large_tensor_without_page_faults():
+    released, reused = faults_of_a_second_tensor("release"), faults_of_a_second_tensor("reuse")
+    assert not released["applied"] and released["faults"] > 60_000
+    if platform.libc_ver()[0] == "glibc":
+        assert reused["applied"] and reused["faults"] < 1_000
+    else:  # another C library is left as it is
+        assert not reused["applied"] and reused["faults"] > 60_000
+    assert not keep_freed_memory("cuda")  # the GPU's memory is torch's caching allocator's

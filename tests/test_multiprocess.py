@@ -4,6 +4,7 @@ one process over the same global batch, and a resumed launch continues exactly."
 
 import json
 import os
+import platform
 import subprocess
 import sys
 
@@ -60,11 +61,14 @@ def losses(output) -> dict[int, float]:
 
 def test_two_cpu_processes_train_and_only_the_first_writes_the_run(tmp_path):
     output = tmp_path / "run"
-    completed = train(LAUNCH, output, "--max_steps", "4")
+    completed = train(
+        LAUNCH, output, "--max_steps", "4", "--cpu_memory", "reuse"
+    )  # the default, in processes of its own
     scores = json.loads((output / "scores.json").read_text())
     assert (
         scores["steps"] == 4 and (output / "model.safetensors").is_file() and (output / "README.md").is_file()
     )
+    assert scores["cpu_memory_reused"] is (platform.libc_ver()[0] == "glibc")
     assert completed.stdout.count("wrote ") == 1  # one summary: the first process evaluates and exports
     assert sorted(p.name for p in tmp_path.iterdir()) == [
         "run",

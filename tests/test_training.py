@@ -6,9 +6,11 @@ import sys
 import textwrap
 
 import pytest
+import torch
 import transformers
 from conftest import tiny_run_flags
 
+from hf_posenc import MarianPosEncForConditionalGeneration
 from hf_posenc.pipeline import run
 
 TINY = [
@@ -206,3 +208,25 @@ def test_torch_compile_trains_what_eager_trains_and_saves_the_plain_model(tmp_pa
     assert weights["compiled"].keys() == weights["eager"].keys()
     checkpoint = load_file(tmp_path / "compiled-checkpoints" / "checkpoint-4" / "model.safetensors")
     assert checkpoint.keys() == weights["eager"].keys()
+
+
+@pytest.mark.parametrize("precision, autocast", [("bf16", torch.bfloat16), ("fp32", None)])
+def test_the_training_step_runs_in_the_chosen_precision(monkeypatch, tmp_path, precision, autocast):
+    """The Trainer's Accelerator autocasts the model's forward with the `mixed_precision` that TrainingArguments
+    computes from bf16/fp16 when it is built: the chosen precision reaches the training step (and scores.json
+    says so), not only the record and the decoding."""
+    seen = []
+    forward = MarianPosEncForConditionalGeneration.forward
+
+    def recording_forward(self, *args, **kwargs):
+        if self.training:
+            seen.append(torch.get_autocast_dtype("cpu") if torch.is_autocast_enabled("cpu") else None)
+        return forward(self, *args, **kwargs)
+
+    monkeypatch.setattr(MarianPosEncForConditionalGeneration, "forward", recording_forward)
+    flags = [*tiny_run_flags(), "--precision", precision, "--max_steps", "2", "--minutes", "0"]
+    record = run.main([*flags, "--output_dir", str(tmp_path / "run")])
+    assert seen and set(seen) == {autocast}
+    assert record["precision"] == precision and record["training_autocast"] == (
+        precision if autocast else "no"
+    )

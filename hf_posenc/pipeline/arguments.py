@@ -49,6 +49,14 @@ class RunArguments:
         metadata={"help": "auto: bf16 on CUDA where supported; on CPU only if measured faster"},
     )
     threads: int | None = field(default=None, metadata={"help": "torch CPU threads (default: all cores)"})
+    cpu_memory: Literal["reuse", "release"] = field(
+        default="reuse",
+        metadata={
+            "help": "reuse: on the CPU under glibc, keep freed tensors' memory in the process for the next update "
+            "(no page faults on every large tensor, pipeline/hardware.py keep_freed_memory); release: the C "
+            "library's default, large blocks go back to the system when freed"
+        },
+    )
     eval_bleu: bool = field(default=False, metadata={"help": "score generated validation translations too"})
     average_last: int = field(default=0, metadata={"help": "average the last N checkpoints (paper 1)"})
     average_best: int = field(default=0, metadata={"help": "average the best-perplexity one + N-1 after it"})

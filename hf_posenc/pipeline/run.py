@@ -53,6 +53,7 @@ from .hardware import (
     choose_attention_backend,
     choose_precision,
     describe_hardware,
+    keep_freed_memory,
     matmul_peak_flops,
     model_flops_per_target_token,
 )
@@ -220,6 +221,9 @@ class TrainingReport:
     resumed_from: str | None = None  # the checkpoint this attempt continued
     updates_this_attempt: int = 0
     schedule_plan: dict | None = None  # the learning-rate plan for the time budget, where one was made
+    autocast: str = (
+        "no"  # what the Trainer's Accelerator autocast the training step to: "bf16", "fp16" or "no"
+    )
 
 
 def train(args: Arguments, model, data: PreparedData, precision) -> tuple[TranslationTrainer, TrainingReport]:
@@ -231,13 +235,17 @@ def train(args: Arguments, model, data: PreparedData, precision) -> tuple[Transl
         check_resume_settings(args, model, resume)
     # checkpoints go beside the run folder; `export` uploads the finished folder, not the Trainer
     # --eval_bleu scores generated validation translations: the Trainer must generate when it evaluates
+    # bf16/fp16 are given here, not set afterwards: __post_init__ turns them into the `mixed_precision` that the
+    # Trainer's Accelerator autocasts with (and it accepts bf16 on a CPU only with use_cpu)
     training = dataclasses.replace(
         args.training,
         output_dir=str(args.checkpoints_dir),
         push_to_hub=False,
         predict_with_generate=args.training.predict_with_generate or args.run.eval_bleu,
+        bf16=precision.precision == "bf16",
+        fp16=precision.precision == "fp16",
+        use_cpu=args.training.use_cpu or args.training.device.type == "cpu",
     )
-    training.bf16, training.fp16 = precision.precision == "bf16", precision.precision == "fp16"
     budget = [f"{args.run.minutes} minutes"] if args.run.minutes else []
     budget.append(
         f"{training.max_steps} updates" if training.max_steps > 0 else f"{training.num_train_epochs} epochs"
@@ -303,6 +311,7 @@ def train(args: Arguments, model, data: PreparedData, precision) -> tuple[Transl
         resume and Path(resume).name,
         steps - first_step,
         plan.as_dict() if plan is not None else None,
+        trainer.accelerator.mixed_precision if trainer.accelerator.native_amp else "no",
     )
     return trainer, report
 
@@ -380,7 +389,15 @@ def evaluate(
 
 
 def run_record(
-    args: Arguments, model, data, precision, backend, report: TrainingReport, evaluation, started
+    args: Arguments,
+    model,
+    data,
+    precision,
+    backend,
+    report: TrainingReport,
+    evaluation,
+    started,
+    memory_reused,
 ) -> dict:
     """scores.json: the scores, the run's settings, the machine and what it achieved."""
     hardware = describe_hardware(args.training.device.type)
@@ -409,10 +426,12 @@ def run_record(
         "hardware": {**hardware.as_dict(), "line": hardware.line()},
         "transformers_version": transformers.__version__,
         "precision": precision.precision,
+        "training_autocast": report.autocast,
         "precision_probe": precision.as_dict(),
         "attention_backend": backend.backend,
         "attention_probe": backend.as_dict(),
         "torch_compile": args.training.torch_compile,
+        "cpu_memory_reused": memory_reused,
         "training_target_tokens": report.target_tokens,
         "training_target_tokens_per_second": round(report.tokens_per_second, 1),
         "model_flops_per_target_token": flops_per_token,
@@ -435,7 +454,8 @@ def print_summary(
     speed = record["model_flops_per_target_token"] * record["training_target_tokens_per_second"] / 1e9
     print(
         f"{record['hardware']['line']}; precision {record['precision']}, attention {record['attention_backend']}"
-        f"{', torch.compile' if record['torch_compile'] else ''}; "
+        f"{', torch.compile' if record['torch_compile'] else ''}"
+        f"{', freed memory reused' if record['cpu_memory_reused'] else ''}; "
         f"{record['training_target_tokens_per_second']:.0f} target tokens/s = {speed:.1f} GFLOP/s, "
         f"MFU {100 * record['mfu']:.1f}% of the measured {record['matmul_peak_flops'] / 1e9:.0f} GFLOP/s peak"
     )
@@ -462,6 +482,11 @@ def main(argv=None) -> dict | None:
     check_compiler(training.torch_compile, training.torch_compile_backend, training.device)
     data = prepare_data(args)
     model, precision, backend = build_model(args, data)
+    memory_reused = args.run.cpu_memory == "reuse" and keep_freed_memory(training.device)
+    if memory_reused:
+        logger.info(
+            "CPU memory: freed tensors stay in the process for the next update (--cpu_memory release: off)"
+        )
     trainer, report = train(args, model, data, precision)
     if report.budget and report.budget.get("stopped_at") is not None:
         budget = report.budget
@@ -477,7 +502,7 @@ def main(argv=None) -> dict | None:
     if model is None:
         return None  # one process evaluates and writes the folder
     evaluation = evaluate(args, model, data, precision, report, averaged)
-    record = run_record(args, model, data, precision, backend, report, evaluation, started)
+    record = run_record(args, model, data, precision, backend, report, evaluation, started, memory_reused)
     output_dir = export(args, model, data, evaluation, record)
     print_summary(args, data, evaluation, record, output_dir)
     if evaluation.degenerate and args.run.fail_on_degenerate:
