@@ -387,6 +387,21 @@ def test_a_recipe_that_starts_naming_a_default_keeps_its_finished_runs(tmp_path)
     assert not runs.done(run, args)
 
 
+def test_runs_recorded_before_the_recipe_named_fp32_are_finished_and_a_bf16_run_is_not(tmp_path):
+    """The comparison trains in fp32, as every recorded run did (train.py did not apply the bf16 it recorded
+    until 2026-11-27): a run whose recorded recipe names no precision is finished, one trained in bf16 is not."""
+    args = cli.parse_args(["--results_dir", str(tmp_path)])
+    run = runs.Run(args.recipe, "en-de", "sinusoidal", 1)
+    run.folder(tmp_path).mkdir(parents=True)
+    settings = runs.run_settings(run, args)
+    assert settings["recipe"]["precision"] == "fp32"
+    for precision, finished in ((None, True), ("fp32", True), ("bf16", False), ("auto", False)):
+        recipe = {k: v for k, v in settings["recipe"].items() if k != "precision"}
+        recipe.update({"precision": precision} if precision else {})
+        (run.folder(tmp_path) / "settings.json").write_text(json.dumps({**settings, "recipe": recipe}))
+        assert runs.done(run, args) is finished, precision
+
+
 def test_a_run_saved_under_a_renamed_fields_old_name_is_still_finished(tmp_path):
     """The no-gating rows now name `position_attention_gating`; their runs recorded `posnet_gating`, the field's
     old name, and are still recognised as finished with the same settings (and not with another value)."""

@@ -139,9 +139,9 @@ def done(run: Run, args) -> bool:
 
 def comparable(settings: dict) -> dict:
     """A run's settings but for recipe fields set to train.py's default, and config fields under their current
-    names: a recipe that starts naming a default (`schedule: fixed`), or a study row that takes up a renamed
-    field's new name (`position_attention_gating` for `posnet_gating`), changes no run and keeps its finished
-    ones."""
+    names: a recipe that starts naming a default (`schedule: fixed`) or the precision its runs trained in, or a
+    study row that takes up a renamed field's new name (`position_attention_gating` for `posnet_gating`),
+    changes no run and keeps its finished ones."""
     arguments = list(settings["train_arguments"])
     for index, argument in enumerate(arguments[:-1]):
         if argument == "--config_overrides":
@@ -149,7 +149,10 @@ def comparable(settings: dict) -> dict:
             arguments[index + 1] = {
                 RENAMED_FIELDS.get(name, name): value for name, value in overrides.items()
             }
-    return {**settings, "train_arguments": arguments, "recipe": explicit_fields(settings["recipe"])}
+    # every recorded run trained in fp32, the precision the comparison recipes now name: train.py did not apply
+    # the bf16 it recorded until 2026-11-27, so a recipe recorded without a precision ran in fp32
+    recipe = {"precision": "fp32", **settings["recipe"]}
+    return {**settings, "train_arguments": arguments, "recipe": explicit_fields(recipe)}
 
 
 def explicit_fields(recipe: dict) -> dict:
