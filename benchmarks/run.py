@@ -49,7 +49,12 @@ from benchmarks.harness import (
 )
 from benchmarks.plots import write_plots
 from benchmarks.report import geometric_mean, write_markdown
-from hf_posenc.pipeline.hardware import choose_attention_backend, choose_precision, matmul_peak_flops
+from hf_posenc.pipeline.hardware import (
+    choose_attention_backend,
+    choose_precision,
+    keep_freed_memory,
+    matmul_peak_flops,
+)
 from hf_posenc.pipeline.systems import System, benchmark_systems
 
 MEMORY_SHARE = 0.6  # of the memory available when training starts, for one group of interleaved systems
@@ -343,15 +348,18 @@ def machine_line(args) -> str:
         cpu = names[0] if names else cpu
     if torch.device(args.device).type == "cuda":
         cpu += f"; GPU {torch.cuda.get_device_name()}"
+    # train.py's default --cpu_memory reuse: a benchmark times the update that training makes
+    memory = "; freed CPU memory kept for reuse (train.py's --cpu_memory reuse)" if args.memory_reused else ""
     return (
         f"{cpu}, {torch.get_num_threads()} thread(s) of {os.cpu_count()} cores; Python "
-        f"{platform.python_version()}, torch {torch.__version__}, transformers {transformers.__version__}"
+        f"{platform.python_version()}, torch {torch.__version__}, transformers {transformers.__version__}{memory}"
     )
 
 
 def main(argv=None):
     args = parse_args(argv)
     torch.set_num_threads(args.threads)
+    args.memory_reused = keep_freed_memory(args.device)
     systems = select_systems(args.systems)
     fields = model_fields(args, systems)
     dtype = torch.bfloat16 if args.bf16 else None

@@ -26,7 +26,7 @@ from benchmarks.harness import (
     training_memory_bytes,
 )
 from hf_posenc import POSITION_ENCODINGS
-from hf_posenc.pipeline.hardware import choose_precision, describe_hardware
+from hf_posenc.pipeline.hardware import choose_precision, describe_hardware, keep_freed_memory
 
 MIB = 2**20
 
@@ -102,6 +102,7 @@ def main():
     args = parser.parse_args()
 
     torch.set_num_threads(args.threads)
+    memory_reused = keep_freed_memory(args.device)  # train.py's default --cpu_memory reuse
     size = MODEL_SIZES[args.config]
     precision = choose_precision(args.precision, args.device, size["d_model"], size["encoder_ffn_dim"])
     variants = dict(parse_variant(v) for v in [args.baseline, *args.variants])
@@ -128,7 +129,7 @@ def main():
     print(
         f"<!-- {describe_hardware(args.device).line()}, {precision.line()}, "
         f"transformers {transformers.__version__}, config {args.config}, {args.tokens_per_batch} tokens/batch, "
-        f"L_max {base['max_position_embeddings']} -->"
+        f"L_max {base['max_position_embeddings']}{', freed CPU memory reused' if memory_reused else ''} -->"
     )
     print(ratio_table(results, args.baseline))
 

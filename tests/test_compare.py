@@ -18,7 +18,7 @@ from hf_posenc.pipeline import arguments
 from hf_posenc.pipeline.hardware import Hardware
 from hf_posenc.pipeline.systems import paper_deviations
 from hf_posenc.study import claims, cli, readme, report, runs, tables
-from hf_posenc.study.results import check_results
+from hf_posenc.study.results import check_results, precisions
 
 TEST_PAIRS = 1000  # test_2016_flickr: the README's summary compares systems on it
 MACHINE = Hardware("cpu", "a test machine", "AVX2", 1, "2.13.0+cpu")
@@ -264,7 +264,10 @@ def test_readme_length_cell_reads_k4_share_ratio_and_cannot(tmp_path):
         in summary
     )
     # the machine line is rebuilt from the recorded fields (an older run's stored line may read differently)
-    assert f"; {MACHINE.line()}, fp32 (6 runs))" in summary and ", 1 thread, " in summary
+    assert (
+        f"; {MACHINE.line()}, trained in fp32, decoded in fp32 (6 runs))" in summary
+        and ", 1 thread, " in summary
+    )
     assert results.comparison("en-de", "learned", "shaw", [])[-1] == "no shaw run of these seeds"
 
 
@@ -296,8 +299,10 @@ def test_report_covers_every_pair_with_runs_and_names_the_ablation_tables_not_ru
     )
     # rposnet is a main-table system: its En-Fr run does not draw the gating table
     assert results.shown_tables("en-fr") == (["main"], [t for t in tables.TABLES if t != "main"])
-    assert results.machines().endswith("bf16 (4 runs)")  # the report's header: every pair
-    assert results.machines(["en-fr"]).endswith("bf16 (2 runs)")  # a pair's summary: its own runs
+    # the report's header (every pair) and a pair's summary (its own runs); recorded without a training autocast,
+    # the runs trained in fp32
+    assert results.machines().endswith("trained in fp32, decoded in bf16 (4 runs)")
+    assert results.machines(["en-fr"]).endswith("trained in fp32, decoded in bf16 (2 runs)")
     assert report.Report(cli.parse_args([*flags, "--pairs", "en-fr"])).pairs == ["en-fr", "en-de"]
     readme_path = tmp_path / "README.md"
     readme_path.write_text((REPO / "README.md").read_text())
@@ -571,3 +576,13 @@ def test_sound_results_pass_and_a_readme_without_its_markers_is_refused_first(tm
     with pytest.raises(ValueError, match=f"--readme {bare} lacks the lines"):
         cli.main(["--report_only", "--results_dir", str(root), "--report", flags[1], "--readme", str(bare)])
     check()
+
+
+def test_a_run_says_the_precision_it_trained_in_and_the_one_it_decoded_in():
+    """train.py did not apply bf16 to the training step until 2026-11-27: a run recorded before it wrote
+    `training_autocast` trained in fp32 whatever its `precision` says; a run recorded since says what it did."""
+    assert precisions({"precision": "bf16"}) == "trained in fp32, decoded in bf16"
+    recorded = {"precision": "bf16", "training_autocast": "bf16"}
+    assert precisions(recorded) == "trained in bf16, decoded in bf16"
+    recorded = {"precision": "fp32", "training_autocast": "no"}
+    assert precisions(recorded) == "trained in fp32, decoded in fp32"

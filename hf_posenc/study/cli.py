@@ -4,7 +4,7 @@
     python train_scripts/compare.py --tables main --seeds 1 2 3 --pairs en-de en-fr
     python train_scripts/compare.py --stop_after_minutes 120          # one chunk; run it again to continue
     python train_scripts/compare.py --report_only --readme README.md  # rebuild the report and the README's
-    python train_scripts/compare.py --seeds 2 3 --jobs 9 --precision bf16  # one GPU, nine runs at a time
+    python train_scripts/compare.py --seeds 2 3 --jobs 9              # one GPU, nine runs at a time
 
 Each run is train.py with the recipe's update budget, checkpoint averaging and decoding, the seed, the system's
 config fields and one precision for all runs (decided once, here, by the same measurement train.py makes); then
@@ -55,8 +55,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--precision",
         choices=["auto", "bf16", "fp32"],
-        default="auto",
-        help="one precision for every run; auto: measured once, here",
+        help="one precision for every run (default: the recipe's; the comparison recipes train in fp32); "
+        "auto: measured once, here",
     )
     parser.add_argument("--train_args", default="", help="further train.py arguments for every run")
     parser.add_argument("--jobs", type=int, default=2, help="runs at the same time, each in its own process")

@@ -164,6 +164,15 @@ def mean_sd(values: list[float]) -> str:
     return f"{statistics.mean(values):.2f} ± {statistics.stdev(values):.2f}"
 
 
+def precisions(scores: dict) -> str:
+    """'trained in fp32, decoded in bf16': a run's training autocast and its decoding precision. A run recorded
+    without `training_autocast` trained in fp32 whatever its `precision` says: train.py did not apply bf16 or
+    fp16 to the training step until 2026-11-27 (its decoding did use them)."""
+    autocast = scores.get("training_autocast", "no")
+    trained = "fp32" if autocast == "no" else autocast
+    return f"trained in {trained}, decoded in {scores['precision']}"
+
+
 class Results:
     """The finished runs of one recipe in the results folder, read for a report: every pair of `--pairs` or with a
     finished run there, every seed of `--seeds` or finished there (a chunk that trains some seeds or pairs
@@ -294,7 +303,7 @@ class Results:
     def machines(self, pairs: list[str] | None = None) -> str:
         """The machines that trained the runs of `pairs` (default: every reported pair), with their counts."""
         lines = Counter(
-            f"{Hardware.from_record(scores['hardware']).line()}, {scores['precision']}"
+            f"{Hardware.from_record(scores['hardware']).line()}, {precisions(scores)}"
             for scores in self.scores(pairs)
         )
         counted = (f"{line} ({count} run{'s' * (count != 1)})" for line, count in lines.items())

@@ -83,11 +83,12 @@ def planned_runs(args) -> list[Run]:
 
 
 def resolved_precision(args) -> str:
-    """The precision every run trains and decodes in: `--precision`, or for auto the faster on this machine
-    at the recipe's model shapes (measured once, so that a loaded machine cannot split the runs)."""
+    """The precision every run trains and decodes in: `--precision`, else the recipe's; for auto the faster on
+    this machine at the recipe's model shapes (measured once, so that a loaded machine cannot split the runs)."""
     recipe = load_recipe(args.recipe)
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    choice = choose_precision(args.precision, device, recipe.get("d_model", 512), recipe.get("ffn_dim", 2048))
+    requested = args.precision or recipe.get("precision", "auto")
+    choice = choose_precision(requested, device, recipe.get("d_model", 512), recipe.get("ffn_dim", 2048))
     logger.info("every run: %s", choice.line())
     return choice.precision
 
