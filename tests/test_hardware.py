@@ -7,6 +7,7 @@ thing on this machine, for bounds only: which precision wins here is not asserte
 """
 
 import json
+import os
 import platform
 import subprocess
 import sys
@@ -21,6 +22,7 @@ from hf_posenc.pipeline import hardware
 from hf_posenc.pipeline.hardware import (
     BF16_MIN_SPEEDUP,
     SCOUT_FLOPS,
+    busy_share,
     check_compiler,
     choose_attention_backend,
     choose_precision,
@@ -28,6 +30,7 @@ from hf_posenc.pipeline.hardware import (
     keep_freed_memory,
     matmul_peak_flops,
     model_flops_per_target_token,
+    threads_for_free_cores,
 )
 
 D_MODEL, FFN_DIM = 256, 1024
@@ -258,3 +261,27 @@ def test_kept_freed_memory_serves_the_next_large_tensor_without_page_faults():
     else:  # another C library is left as it is
         assert not reused["applied"] and reused["faults"] > 60_000
     assert not keep_freed_memory("cuda")  # the GPU's memory is torch's caching allocator's
+
+
+def test_a_busy_machine_gets_one_thread_per_free_core():
+    assert threads_for_free_cores(2, 0.0) == 2 and threads_for_free_cores(2, 0.2) == 2
+    assert threads_for_free_cores(2, 0.5) == 1 and threads_for_free_cores(2, 1.0) == 1  # at least one
+    assert threads_for_free_cores(8, 0.25) == 6
+    assert threads_for_free_cores(2, None) == 2  # nothing measured: all cores
+
+
+def test_the_busy_share_sees_other_processes_spinning(tmp_path):
+    """One busy-looping process per core takes (nearly) all the CPU time while the test waits."""
+    spinners = [
+        subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(os.cpu_count() or 1)
+    ]
+    try:
+        time.sleep(0.5)  # started and spinning
+        share = busy_share(1.0)
+    finally:
+        for spinner in spinners:
+            spinner.kill()
+    assert share is not None and share > 0.7
+    stat = tmp_path / "stat"
+    stat.write_text("cpu  10 0 10 80 0 0 0 0 0 0\n")  # a file that does not move: no tick, nothing measured
+    assert busy_share(0.0, stat) is None and busy_share(0.0, tmp_path / "absent") is None

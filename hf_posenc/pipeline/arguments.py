@@ -48,7 +48,13 @@ class RunArguments:
         default="auto",
         metadata={"help": "auto: bf16 on CUDA where supported; on CPU only if measured faster"},
     )
-    threads: int | None = field(default=None, metadata={"help": "torch CPU threads (default: all cores)"})
+    threads: int | None = field(
+        default=None,
+        metadata={
+            "help": "torch CPU threads (default: one per core that other work leaves free, measured at the start "
+            "of a one-process CPU run; all cores otherwise)"
+        },
+    )
     cpu_memory: Literal["reuse", "release"] = field(
         default="reuse",
         metadata={

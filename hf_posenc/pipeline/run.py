@@ -49,6 +49,7 @@ from .data import ParallelText, read_parallel, read_split
 from .evaluation import degenerate_output, encoder_token_cosine, score_translations, translate
 from .export import check_output_folders, export, set_aside_checkpoints, updates_text
 from .hardware import (
+    busy_share,
     check_compiler,
     choose_attention_backend,
     choose_precision,
@@ -56,6 +57,7 @@ from .hardware import (
     keep_freed_memory,
     matmul_peak_flops,
     model_flops_per_target_token,
+    threads_for_free_cores,
 )
 from .progress import TrainingProgressCallback, UpdateBudgetCheck
 from .resume import check_resume_settings, resume_checkpoint
@@ -465,12 +467,30 @@ def print_summary(
     print(f"\nwrote {output_dir}")
 
 
+def set_threads(args: Arguments) -> None:
+    """--threads, or for one process on the CPU one thread per core that the machine's other work leaves free."""
+    if args.run.threads:
+        torch.set_num_threads(args.run.threads)
+        return
+    if args.training.device.type != "cpu" or args.training.world_size > 1:
+        return
+    cores, busy = torch.get_num_threads(), busy_share()
+    threads = threads_for_free_cores(cores, busy)
+    if threads < cores:
+        logger.info(
+            "threads: %d of %d, as other work takes %.0f%% of this machine's CPU time (--threads N sets them)",
+            threads,
+            cores,
+            100 * busy,
+        )
+    torch.set_num_threads(threads)
+
+
 def main(argv=None) -> dict | None:
     args = parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     started = time.monotonic()
-    if args.run.threads:
-        torch.set_num_threads(args.run.threads)
+    set_threads(args)
     check_output_folders(
         Path(args.training.output_dir),
         args.checkpoints_dir,
