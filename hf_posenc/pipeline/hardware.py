@@ -153,9 +153,9 @@ def keep_freed_memory(device) -> bool:
     (tokens x vocabulary, in fp32 for the loss) and its large activations. The next update then faults every
     page of them in again and the kernel zeroes each one: at base size (40k vocabulary, 4,096-token batches,
     2 threads of an AMD EPYC) 1.1M page faults and 2.2 s of system time per update. Kept in the heap (mmap off,
-    trimming off: `mallopt(3)`), the next update reuses the same pages; the cost is a higher peak resident size
-    (up to 1.8x at base on token-budget batches), held until the process ends (docs/training.md has the
-    figures). Returns whether it was applied: the CPU and glibc only (other C libraries and the GPU's memory
+    trimming off: `mallopt(3)`), the next update reuses freed pages (0.2M faults per update there); the cost is
+    a higher peak resident size (up to 1.8x at base on token-budget batches), held until the process ends
+    (docs/training.md has the figures). Returns whether it was applied: the CPU and glibc only (other C libraries and the GPU's memory
     are left as they are)."""
     if torch.device(device).type != "cpu" or platform.libc_ver()[0] != "glibc":
         return False
