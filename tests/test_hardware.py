@@ -272,10 +272,9 @@ def test_a_busy_machine_gets_one_thread_per_free_core():
 
 
 def test_the_busy_share_sees_other_processes_spinning(tmp_path):
-    """One busy-looping process per core takes (nearly) all the CPU time while the test waits."""
-    spinners = [
-        subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(os.cpu_count() or 1)
-    ]
+    """One busy-looping process per core this process may run on takes (nearly) all their time while the test
+    waits."""
+    spinners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in os.sched_getaffinity(0)]
     try:
         time.sleep(0.5)  # started and spinning
         share = busy_share(1.0)
@@ -284,5 +283,6 @@ def test_the_busy_share_sees_other_processes_spinning(tmp_path):
             spinner.kill()
     assert share is not None and share > 0.7
     stat = tmp_path / "stat"
-    stat.write_text("cpu  10 0 10 80 0 0 0 0 0 0\n")  # a file that does not move: no tick, nothing measured
+    cores = "".join(f"cpu{core} 10 0 10 80 0 0 0 0 0 0\n" for core in os.sched_getaffinity(0))
+    stat.write_text("cpu  20 0 20 160 0 0 0 0 0 0\n" + cores)  # a file that does not move: nothing measured
     assert busy_share(0.0, stat) is None and busy_share(0.0, tmp_path / "absent") is None

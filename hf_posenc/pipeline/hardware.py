@@ -23,6 +23,7 @@ machine.
 """
 
 import ctypes
+import os
 import platform
 import time
 from collections.abc import Callable
@@ -164,16 +165,20 @@ def keep_freed_memory(device) -> bool:
 
 
 def busy_share(seconds: float = BUSY_SAMPLE_SECONDS, stat: Path = Path("/proc/stat")) -> float | None:
-    """The share of the machine's CPU time that other work takes: the non-idle share of all cores' time in
-    /proc/stat over `seconds` while this process waits. None where there is no /proc/stat."""
+    """The share of the CPU time that other work takes on the cores this process may run on: the non-idle share
+    of their time in /proc/stat over `seconds` while this process waits. None where there is no /proc/stat."""
     if not stat.is_file():
         return None
+    cores = {f"cpu{core}" for core in os.sched_getaffinity(0)}
 
     def sample() -> tuple[int, int]:
-        ticks = [
-            int(t) for t in stat.read_text().splitlines()[0].split()[1:]
-        ]  # cpu user nice system idle iowait ...
-        return sum(ticks), ticks[3] + ticks[4]  # all, idle + iowait
+        total = idle = 0
+        for line in stat.read_text().splitlines():
+            name, *fields = line.split()
+            if name in cores:  # cpuN user nice system idle iowait irq softirq steal ...
+                ticks = [int(t) for t in fields]
+                total, idle = total + sum(ticks), idle + ticks[3] + ticks[4]
+        return total, idle
 
     total, idle = sample()
     time.sleep(seconds)
