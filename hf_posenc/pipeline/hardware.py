@@ -156,8 +156,8 @@ def keep_freed_memory(device) -> bool:
     2 threads of an AMD EPYC) 1.1M page faults and 2.2 s of system time per update. Kept in the heap (mmap off,
     trimming off: `mallopt(3)`), the next update reuses freed pages (0.2M faults per update there); the cost is
     a higher peak resident size (up to 1.8x at base on token-budget batches), held until the process ends
-    (docs/training.md has the figures). Returns whether it was applied: the CPU and glibc only (other C libraries and the GPU's memory
-    are left as they are)."""
+    (docs/training.md has the figures). Returns whether it was applied: the CPU and glibc only (other C
+    libraries and the GPU's memory are left as they are)."""
     if torch.device(device).type != "cpu" or platform.libc_ver()[0] != "glibc":
         return False
     libc = ctypes.CDLL(None)  # the C library this process already uses

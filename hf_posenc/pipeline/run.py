@@ -223,9 +223,9 @@ class TrainingReport:
     resumed_from: str | None = None  # the checkpoint this attempt continued
     updates_this_attempt: int = 0
     schedule_plan: dict | None = None  # the learning-rate plan for the time budget, where one was made
-    autocast: str = (
-        "no"  # what the Trainer's Accelerator autocast the training step to: "bf16", "fp16" or "no"
-    )
+    # what the Trainer's Accelerator autocast the training step to: "bf16", "fp16" or "no"
+    autocast: str = "no"
+    memory_reused: bool = False  # --cpu_memory reuse applied (a glibc CPU)
 
 
 def train(args: Arguments, model, data: PreparedData, precision) -> tuple[TranslationTrainer, TrainingReport]:
@@ -294,6 +294,11 @@ def train(args: Arguments, model, data: PreparedData, precision) -> tuple[Transl
         )
         trainer.add_callback(check)
     first_step = json.loads((Path(resume) / "trainer_state.json").read_text())["global_step"] if resume else 0
+    memory_reused = args.run.cpu_memory == "reuse" and keep_freed_memory(training.device)
+    if memory_reused:
+        logger.info(
+            "CPU memory: freed tensors stay in the process for the next update (--cpu_memory release: off)"
+        )
     started = time.monotonic()
     if resume and 0 < training.max_steps <= first_step:  # the Trainer would make one update past the budget
         logger.info(
@@ -314,6 +319,7 @@ def train(args: Arguments, model, data: PreparedData, precision) -> tuple[Transl
         steps - first_step,
         plan.as_dict() if plan is not None else None,
         trainer.accelerator.mixed_precision if trainer.accelerator.native_amp else "no",
+        memory_reused,
     )
     return trainer, report
 
@@ -391,15 +397,7 @@ def evaluate(
 
 
 def run_record(
-    args: Arguments,
-    model,
-    data,
-    precision,
-    backend,
-    report: TrainingReport,
-    evaluation,
-    started,
-    memory_reused,
+    args: Arguments, model, data, precision, backend, report: TrainingReport, evaluation, started
 ) -> dict:
     """scores.json: the scores, the run's settings, the machine and what it achieved."""
     hardware = describe_hardware(args.training.device.type)
@@ -433,7 +431,7 @@ def run_record(
         "attention_backend": backend.backend,
         "attention_probe": backend.as_dict(),
         "torch_compile": args.training.torch_compile,
-        "cpu_memory_reused": memory_reused,
+        "cpu_memory_reused": report.memory_reused,
         "training_target_tokens": report.target_tokens,
         "training_target_tokens_per_second": round(report.tokens_per_second, 1),
         "model_flops_per_target_token": flops_per_token,
@@ -502,11 +500,6 @@ def main(argv=None) -> dict | None:
     check_compiler(training.torch_compile, training.torch_compile_backend, training.device)
     data = prepare_data(args)
     model, precision, backend = build_model(args, data)
-    memory_reused = args.run.cpu_memory == "reuse" and keep_freed_memory(training.device)
-    if memory_reused:
-        logger.info(
-            "CPU memory: freed tensors stay in the process for the next update (--cpu_memory release: off)"
-        )
     trainer, report = train(args, model, data, precision)
     if report.budget and report.budget.get("stopped_at") is not None:
         budget = report.budget
@@ -522,7 +515,7 @@ def main(argv=None) -> dict | None:
     if model is None:
         return None  # one process evaluates and writes the folder
     evaluation = evaluate(args, model, data, precision, report, averaged)
-    record = run_record(args, model, data, precision, backend, report, evaluation, started, memory_reused)
+    record = run_record(args, model, data, precision, backend, report, evaluation, started)
     output_dir = export(args, model, data, evaluation, record)
     print_summary(args, data, evaluation, record, output_dir)
     if evaluation.degenerate and args.run.fail_on_degenerate:
