@@ -68,12 +68,21 @@ def test_a_perfect_extrapolator_meets_the_target_and_one_that_stops_early_misses
         write_run(tmp_path, args, "rope+concat4", seed, early, {2: 0.5, 4: 0.25, 8: 0.12, 16: 0.06})
     write_run(tmp_path, args, "fire+concat4", 1, perfect, dict.fromkeys(perfect, 1.0))
     lines = extrapolation.extrapolation_section(Results(args), "en-de", tmp_path)
-    rows = {line.split(" | ")[0].strip("| `"): line for line in lines if line.startswith("| `")}
+    rows = {}
+    for line in lines:  # the first table's rows
+        if line.startswith("| `"):
+            rows.setdefault(line.split(" | ")[0].strip("| `"), line)
     assert set(rows) == {"alibi+concat4", "rope+concat4", "fire+concat4"}
     assert "| 100 ± 0% |" in rows["alibi+concat4"] and "[100%, 100%] | **met**" in rows["alibi+concat4"]
     assert "**missed** | stops early (length ratio 0.12" in rows["rope+concat4"]
     assert "one seed (no call)" in rows["fire+concat4"]
     assert (tmp_path / "results_en-de_extrapolation.png").is_file()
+    words = {k: extrapolation.median_words(joined_references(k)) for k in (4, 8, 16)}
+    growth = words[16] - words[8]
+    assert f"| references | {words[4]:.0f} | {words[8]:.0f} | {words[16]:.0f} | {growth:+.0f} |" in lines
+    assert f"| `alibi+concat4` | {words[4]:.0f} | {words[8]:.0f} | {words[16]:.0f} | {growth:+.0f} |" in lines
+    stops = [extrapolation.median_words(first_sentence_only(k)) for k in (8, 16)]
+    assert f"whatever the input: `rope+concat4` ({stops[1] - stops[0]:+.0f})." in "\n".join(lines)
 
 
 def test_no_section_before_a_row_has_a_run(tmp_path):

@@ -11,15 +11,19 @@ share is the mean over the drawn seeds of BLEU(k = 8) / BLEU(k = 1) on the drawn
 The target is **met** where the lower bounds of the `CONFIDENCE` intervals of both are at or above their thresholds
 (one-sided tests at α = 0.05), **missed** where an upper bound is below its threshold, and **undecided (n seeds)**
 otherwise; one seed gets no call, as a claim does not.
+
+Where the translations stop (`stopping_lines`): the median length in words of each system's translations of the
+joined inputs at k = 4, 8 and 16, against the references'. A decoder that has learned when to stop from its
+training lengths writes about as much for 16 joined sentences as for 8; one that extrapolates grows with the input.
 """
 
-import gzip
 import statistics
 from pathlib import Path
 
 import numpy as np
 
 from ..analysis.length_generalisation import join_consecutive
+from ..pipeline.data import read_lines
 from .bootstrap import bleu_of_statistics, percentile_interval, sentence_statistics
 from .claims import CONFIDENCE
 from .length import joined_at, kept_cell, kept_over_seeds
@@ -28,16 +32,23 @@ from .runs import JOINED_TRANSLATIONS, Run, test_set
 from .tables import EXTRAPOLATION_K, TABLES
 
 TARGET_K, TARGET_KEPT, TARGET_RATIO = 8, 0.7, 0.9
+STOPPING_K = (4, 8, 16)  # 4: the size of the longest training examples; 8 and 16: twice and four times that
+
+
+def joined_translations(results: Results, run: Run, k: int) -> list[str] | None:
+    """The run's translations of the inputs of k joined test sentences; None where it kept none for k (a k it
+    could not take)."""
+    path = run.folder(results.root) / JOINED_TRANSLATIONS.format(k=k, lang=run.target_lang)
+    return read_lines(path) if path.is_file() else None
 
 
 def grouped_statistics(results: Results, run: Run, k: int) -> tuple[np.ndarray, np.ndarray] | None:
     """(groups, STATISTICS) twice: the k = 1 statistics of each group of k test sentences summed, and the statistics
     of the group's joined translation; None where the run kept no translation for k (a k it could not take)."""
-    path = run.folder(results.root) / JOINED_TRANSLATIONS.format(k=k, lang=run.target_lang)
-    if not path.is_file():
+    joined = joined_translations(results, run, k)
+    if joined is None:
         return None
     test = test_set(run.recipe, run.pair, results.args.test_limit)
-    joined = gzip.decompress(path.read_bytes()).decode().splitlines()
     _, references = join_consecutive(test.source, test.target, k)
     plain = results.statistics(run, test.target)[: len(references) * k]
     return plain.reshape(len(references), k, -1).sum(axis=1), sentence_statistics(joined, references)
@@ -128,6 +139,46 @@ def extrapolation_section(results: Results, pair: str, docs: Path) -> list[str]:
         *lines,
         "",
         f"![extrapolation]({figure})",
+        "",
+        *stopping_lines(results, runs),
+    ]
+
+
+def median_words(texts: list[str]) -> float:
+    return statistics.median(len(text.split()) for text in texts)
+
+
+def stopping_lines(results: Results, runs: dict[str, list[Run]]) -> list[str]:
+    """The paragraph and table of where the translations stop (module docstring): median words per joined input
+    at k in STOPPING_K, every seed's translations pooled, and the growth from k = 8 to k = 16."""
+    first = next(iter(runs.values()))[0]
+    test = test_set(first.recipe, first.pair, results.args.test_limit)
+    references = {k: median_words(join_consecutive(test.source, test.target, k)[1]) for k in STOPPING_K}
+    header = ["system", *(f"median words k={k}" for k in STOPPING_K), "growth k=8 to 16"]
+    lines = ["| " + " | ".join(header) + " |", "|" + " --- |" * len(header)]
+    growth = {"references": references[16] - references[8]}
+    cells = [f"{references[k]:.0f}" for k in STOPPING_K]
+    lines.append(f"| references | {' | '.join(cells)} | {growth['references']:+.0f} |")
+    for name, found in runs.items():
+        if any(results.degenerate(run) for run in found):
+            name = f"{name} (degenerate)"
+        translated = {k: [joined_translations(results, run, k) for run in found] for k in STOPPING_K}
+        medians = {k: median_words(sum(t, [])) for k, t in translated.items() if None not in t}
+        cells = [f"{medians[k]:.0f}" if k in medians else "cannot" for k in STOPPING_K]
+        if 8 in medians and 16 in medians:
+            growth[name] = medians[16] - medians[8]
+        cells.append(f"{growth[name]:+.0f}" if name in growth else "–")
+        lines.append(f"| `{name}` | {' | '.join(cells)} |")
+    flat = sorted(f"`{name}` ({words:+.0f})" for name, words in growth.items() if name != "references"
+                  and words < growth["references"] / 4)
+    return [
+        "Where the translations stop: the median length in words of the translations of the joined inputs (every "
+        "seed's pooled) against the references'. Four joined sentences are the size of the longest training "
+        f"examples ({references[4]:.0f} words in the test references). From k = 8 to k = 16 the references grow by "
+        f"{growth['references']:.0f} words; translations that grow by less than a quarter of that stop at a "
+        f"length learned in training, whatever the input: {', '.join(flat) if flat else 'none'}.",
+        "",
+        *lines,
         "",
     ]
 
