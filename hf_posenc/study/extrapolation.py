@@ -169,8 +169,11 @@ def stopping_lines(results: Results, runs: dict[str, list[Run]]) -> list[str]:
             growth[name] = medians[16] - medians[8]
         cells.append(f"{growth[name]:+.0f}" if name in growth else "–")
         lines.append(f"| `{name}` | {' | '.join(cells)} |")
-    flat = sorted(f"`{name}` ({words:+.0f})" for name, words in growth.items() if name != "references"
-                  and words < growth["references"] / 4)
+    flat = sorted(
+        f"`{name}` ({words:+.0f})"
+        for name, words in growth.items()
+        if name != "references" and words < growth["references"] / 4
+    )
     return [
         "Where the translations stop: the median length in words of the translations of the joined inputs (every "
         "seed's pooled) against the references'. Four joined sentences are the size of the longest training "
