@@ -79,10 +79,17 @@ def test_a_perfect_extrapolator_meets_the_target_and_one_that_stops_early_misses
     assert (tmp_path / "results_en-de_extrapolation.png").is_file()
     words = {k: extrapolation.median_words(joined_references(k)) for k in (4, 8, 16)}
     growth = words[16] - words[8]
-    assert f"| references | {words[4]:.0f} | {words[8]:.0f} | {words[16]:.0f} | {growth:+.0f} |" in lines
-    assert f"| `alibi+concat4` | {words[4]:.0f} | {words[8]:.0f} | {words[16]:.0f} | {growth:+.0f} |" in lines
+    assert f"| references | {words[4]:.0f} | {words[8]:.0f} | {words[16]:.0f} | {growth:+.0f} | 0% |" in lines
+    assert f"| `alibi+concat4` | {words[4]:.0f} | {words[8]:.0f} | {words[16]:.0f} | {growth:+.0f} | 0% |" in lines
     stops = [extrapolation.median_words(first_sentence_only(k)) for k in (8, 16)]
     assert f"whatever the input: `rope+concat4` ({stops[1] - stops[0]:+.0f})." in "\n".join(lines)
+
+
+def test_repeated_share_counts_sentences_that_repeat_an_earlier_one_of_the_same_translation():
+    looping = "Ein Hund läuft. Eine Frau sitzt. Ein Hund läuft. Ein Hund läuft."
+    assert extrapolation.repeated_share([looping]) == 0.5
+    assert extrapolation.repeated_share(["Ein Hund läuft.", "Ein Hund läuft! Ein Mann?"]) == 0.0
+    assert extrapolation.repeated_share([""]) == 0.0
 
 
 def test_no_section_before_a_row_has_a_run(tmp_path):

@@ -14,9 +14,11 @@ otherwise; one seed gets no call, as a claim does not.
 
 Where the translations stop (`stopping_lines`): the median length in words of each system's translations of the
 joined inputs at k = 4, 8 and 16, against the references'. A decoder that has learned when to stop from its
-training lengths writes about as much for 16 joined sentences as for 8; one that extrapolates grows with the input.
+training lengths writes about as much for 16 joined sentences as for 8; one that extrapolates grows with the input,
+and one that has lost its place in the input grows by repeating itself (the repeated sentences at k = 16).
 """
 
+import re
 import statistics
 from pathlib import Path
 
@@ -33,6 +35,7 @@ from .tables import EXTRAPOLATION_K, TABLES
 
 TARGET_K, TARGET_KEPT, TARGET_RATIO = 8, 0.7, 0.9
 STOPPING_K = (4, 8, 16)  # 4: the size of the longest training examples; 8 and 16: twice and four times that
+SENTENCE_BREAK = re.compile(r"(?<=[.!?])\s+")  # the space after a full stop, question or exclamation mark
 
 
 def joined_translations(results: Results, run: Run, k: int) -> list[str] | None:
@@ -148,27 +151,44 @@ def median_words(texts: list[str]) -> float:
     return statistics.median(len(text.split()) for text in texts)
 
 
+def repeated_share(texts: list[str]) -> float:
+    """The share of the sentences of the translations that repeat, word for word, an earlier sentence of the same
+    translation: a decoder that has lost its place in a long input loops."""
+    sentences = repeats = 0
+    for text in texts:
+        seen = set()
+        for sentence in filter(None, SENTENCE_BREAK.split(text.strip())):
+            sentences, repeats = sentences + 1, repeats + (sentence in seen)
+            seen.add(sentence)
+    return repeats / max(sentences, 1)
+
+
 def stopping_lines(results: Results, runs: dict[str, list[Run]]) -> list[str]:
     """The paragraph and table of where the translations stop (module docstring): median words per joined input
-    at k in STOPPING_K, every seed's translations pooled, and the growth from k = 8 to k = 16."""
+    at k in STOPPING_K, every seed's translations pooled, the growth from k = 8 to k = 16, and the repeated
+    sentences at the longest k."""
     first = next(iter(runs.values()))[0]
     test = test_set(first.recipe, first.pair, results.args.test_limit)
-    references = {k: median_words(join_consecutive(test.source, test.target, k)[1]) for k in STOPPING_K}
+    longest = STOPPING_K[-1]
+    joined = {k: join_consecutive(test.source, test.target, k)[1] for k in STOPPING_K}
+    references = {k: median_words(texts) for k, texts in joined.items()}
     header = ["system", *(f"median words k={k}" for k in STOPPING_K), "growth k=8 to 16"]
+    header.append(f"repeated sentences k={longest}")
     lines = ["| " + " | ".join(header) + " |", "|" + " --- |" * len(header)]
     growth = {"references": references[16] - references[8]}
     cells = [f"{references[k]:.0f}" for k in STOPPING_K]
-    lines.append(f"| references | {' | '.join(cells)} | {growth['references']:+.0f} |")
+    cells += [f"{growth['references']:+.0f}", f"{repeated_share(joined[longest]):.0%}"]
+    lines.append(f"| references | {' | '.join(cells)} |")
     for name, found in runs.items():
-        if any(results.degenerate(run) for run in found):
-            name = f"{name} (degenerate)"
+        degenerate = " (degenerate)" if any(results.degenerate(run) for run in found) else ""
         translated = {k: [joined_translations(results, run, k) for run in found] for k in STOPPING_K}
-        medians = {k: median_words(sum(t, [])) for k, t in translated.items() if None not in t}
-        cells = [f"{medians[k]:.0f}" if k in medians else "cannot" for k in STOPPING_K]
-        if 8 in medians and 16 in medians:
-            growth[name] = medians[16] - medians[8]
+        pooled = {k: sum(t, []) for k, t in translated.items() if None not in t}
+        cells = [f"{median_words(pooled[k]):.0f}" if k in pooled else "cannot" for k in STOPPING_K]
+        if 8 in pooled and 16 in pooled:
+            growth[name] = median_words(pooled[16]) - median_words(pooled[8])
         cells.append(f"{growth[name]:+.0f}" if name in growth else "–")
-        lines.append(f"| `{name}` | {' | '.join(cells)} |")
+        cells.append(f"{repeated_share(pooled[longest]):.0%}" if longest in pooled else "–")
+        lines.append(f"| `{name}`{degenerate} | {' | '.join(cells)} |")
     flat = sorted(
         f"`{name}` ({words:+.0f})"
         for name, words in growth.items()
@@ -176,10 +196,12 @@ def stopping_lines(results: Results, runs: dict[str, list[Run]]) -> list[str]:
     )
     return [
         "Where the translations stop: the median length in words of the translations of the joined inputs (every "
-        "seed's pooled) against the references'. Four joined sentences are the size of the longest training "
-        f"examples ({references[4]:.0f} words in the test references). From k = 8 to k = 16 the references grow by "
-        f"{growth['references']:.0f} words; translations that grow by less than a quarter of that stop at a "
-        f"length learned in training, whatever the input: {', '.join(flat) if flat else 'none'}.",
+        "seed's pooled) against the references', and the share of the sentences of a translation that repeat an "
+        "earlier one of it word for word (a decoder that has lost its place loops). Four joined sentences are the "
+        f"size of the longest training examples ({references[4]:.0f} words in the test references). From k = 8 to "
+        f"k = 16 the references grow by {growth['references']:.0f} words; translations that grow by less than a "
+        "quarter of that stop at a length learned in training, whatever the input: "
+        f"{', '.join(flat) if flat else 'none'}.",
         "",
         *lines,
         "",
