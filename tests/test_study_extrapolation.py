@@ -80,7 +80,10 @@ def test_a_perfect_extrapolator_meets_the_target_and_one_that_stops_early_misses
     words = {k: extrapolation.median_words(joined_references(k)) for k in (4, 8, 16)}
     growth = words[16] - words[8]
     assert f"| references | {words[4]:.0f} | {words[8]:.0f} | {words[16]:.0f} | {growth:+.0f} | 0% |" in lines
-    assert f"| `alibi+concat4` | {words[4]:.0f} | {words[8]:.0f} | {words[16]:.0f} | {growth:+.0f} | 0% |" in lines
+    assert (
+        f"| `alibi+concat4` | {words[4]:.0f} | {words[8]:.0f} | {words[16]:.0f} | {growth:+.0f} | 0% |"
+        in lines
+    )
     stops = [extrapolation.median_words(first_sentence_only(k)) for k in (8, 16)]
     assert f"whatever the input: `rope+concat4` ({stops[1] - stops[0]:+.0f})." in "\n".join(lines)
 
