@@ -59,20 +59,28 @@ def first_sentence_only(k: int) -> list[str]:
     return test.target[::k][: TEST_LIMIT // k]
 
 
+def first_half_only(k: int) -> list[str]:
+    """A model that translates the first half of each joined input and drops the end."""
+    test = runs.test_set(cli.COMPARISON_RECIPE, "en-de", TEST_LIMIT)
+    return [" ".join(test.target[i : i + max(k // 2, 1)]) for i in range(0, TEST_LIMIT - k + 1, k)]
+
+
 def test_a_perfect_extrapolator_meets_the_target_and_one_that_stops_early_misses_it(tmp_path):
     args = report_args(tmp_path)
     perfect = {k: joined_references(k) for k in (2, 4, 8, 16)}
     early = {k: first_sentence_only(k) for k in (2, 4, 8, 16)}
+    half = {k: first_half_only(k) for k in (2, 4, 8, 16)}
     for seed in (1, 2):
         write_run(tmp_path, args, "alibi+concat4", seed, perfect, dict.fromkeys(perfect, 1.0))
         write_run(tmp_path, args, "rope+concat4", seed, early, {2: 0.5, 4: 0.25, 8: 0.12, 16: 0.06})
+        write_run(tmp_path, args, "kerple+concat4", seed, half, dict.fromkeys(half, 0.5))
     write_run(tmp_path, args, "fire+concat4", 1, perfect, dict.fromkeys(perfect, 1.0))
     lines = extrapolation.extrapolation_section(Results(args), "en-de", tmp_path)
     rows = {}
     for line in lines:  # the first table's rows
         if line.startswith("| `"):
             rows.setdefault(line.split(" | ")[0].strip("| `"), line)
-    assert set(rows) == {"alibi+concat4", "rope+concat4", "fire+concat4"}
+    assert set(rows) == {"alibi+concat4", "rope+concat4", "kerple+concat4", "fire+concat4"}
     assert "| 100 ± 0% |" in rows["alibi+concat4"] and "[100%, 100%] | **met**" in rows["alibi+concat4"]
     assert "**missed** | stops early (length ratio 0.12" in rows["rope+concat4"]
     assert "one seed (no call)" in rows["fire+concat4"]
@@ -86,6 +94,24 @@ def test_a_perfect_extrapolator_meets_the_target_and_one_that_stops_early_misses
     )
     stops = [extrapolation.median_words(first_sentence_only(k)) for k in (8, 16)]
     assert f"whatever the input: `rope+concat4` ({stops[1] - stops[0]:+.0f})." in "\n".join(lines)
+    coverage = next(line for line in lines if line.startswith("What the translations leave out"))
+    assert "| `alibi+concat4` | 100% | 100% | 100% | 100% | 100% | 100% | 100% | 100% |" in "\n".join(lines)
+    assert "| `rope+concat4` | 100% |" in "\n".join(lines)  # the first sentence of each input, whole
+    assert "| `kerple+concat4` | 100% | 100% | 100% | 100% |" in "\n".join(lines)  # the first half, whole
+    assert "less of the end than of the middle: `kerple+concat4` (" in coverage
+
+
+def test_coverage_by_place_counts_the_content_words_each_joined_sentence_keeps_in_its_translation():
+    sentences = ["Ein Hund läuft.", "Eine Katze schläft.", "Zwei Vögel singen.", "Ein Mann liest."] * 2
+    both_ends = ["Ein Hund läuft. Ein Mann liest.", "Ein Hund läuft. Ein Mann liest. Ein Mann liest."]
+    found, total = extrapolation.coverage_by_place(sentences, both_ends, 4)
+    assert total.tolist() == [4, 6, 6, 4]  # two inputs; "Ein" has three letters and is no content word
+    assert found.tolist() == [
+        4,
+        0,
+        0,
+        4,
+    ]  # "Mann liest" twice in a translation counts as often as the sentence has it
 
 
 def test_repeated_share_counts_sentences_that_repeat_an_earlier_one_of_the_same_translation():

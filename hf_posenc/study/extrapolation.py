@@ -16,10 +16,17 @@ Where the translations stop (`stopping_lines`): the median length in words of ea
 joined inputs at k = 4, 8 and 16, against the references'. A decoder that has learned when to stop from its
 training lengths writes about as much for 16 joined sentences as for 8; one that extrapolates grows with the input,
 and one that has lost its place in the input grows by repeating itself (the repeated sentences at k = 16).
+
+What the translations leave out (`coverage_lines`): for each place i = 1..8 of the k = 8 inputs, the share of the
+content words (`CONTENT_WORD`, clipped counts) of the i-th joined reference sentence that its input's translation
+holds, against chance (the same share in the translation of the next input). A decoder that stops at a learned
+length covers the first places and drops the last ones (the end holds less than the middle); one that covers both
+ends drops the middle.
 """
 
 import re
 import statistics
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
@@ -36,6 +43,10 @@ from .tables import EXTRAPOLATION_K, TABLES
 TARGET_K, TARGET_KEPT, TARGET_RATIO = 8, 0.7, 0.9
 STOPPING_K = (4, 8, 16)  # 4: the size of the longest training examples; 8 and 16: twice and four times that
 SENTENCE_BREAK = re.compile(r"(?<=[.!?])\s+")  # the space after a full stop, question or exclamation mark
+CONTENT_WORD = re.compile(
+    r"\w{4,}"
+)  # words of four letters or more: mostly content words in German and French
+MIDDLE, END = slice(2, TARGET_K - 2), slice(TARGET_K - 2, TARGET_K)  # places 3-6 and 7-8 of the k = 8 inputs
 
 
 def joined_translations(results: Results, run: Run, k: int) -> list[str] | None:
@@ -144,6 +155,7 @@ def extrapolation_section(results: Results, pair: str, docs: Path) -> list[str]:
         f"![extrapolation]({figure})",
         "",
         *stopping_lines(results, runs),
+        *coverage_lines(results, runs),
     ]
 
 
@@ -202,6 +214,60 @@ def stopping_lines(results: Results, runs: dict[str, list[Run]]) -> list[str]:
         f"k = 16 the references grow by {growth['references']:.0f} words; translations that grow by less than a "
         "quarter of that stop at a length learned in training, whatever the input: "
         f"{', '.join(flat) if flat else 'none'}.",
+        "",
+        *lines,
+        "",
+    ]
+
+
+def content_words(text: str) -> Counter:
+    return Counter(CONTENT_WORD.findall(text.lower()))
+
+
+def coverage_by_place(sentences: list[str], translations: list[str], k: int) -> tuple[np.ndarray, np.ndarray]:
+    """(found, total), each (k,): over the inputs of k joined sentences, the content words of the sentence at each
+    place (clipped counts) that its input's translation holds, and how many it has; `sentences` are the test
+    references in order, `translations` one per input."""
+    found, total = np.zeros(k), np.zeros(k)
+    for group, translation in enumerate(translations):
+        held = content_words(translation)
+        for place in range(k):
+            words = content_words(sentences[group * k + place])
+            found[place] += sum(min(count, held[word]) for word, count in words.items())
+            total[place] += sum(words.values())
+    return found, total
+
+
+def coverage_lines(results: Results, runs: dict[str, list[Run]]) -> list[str]:
+    """The paragraph and table of what the translations at k = TARGET_K leave out (module docstring), every
+    seed's pooled; a system that kept no k = TARGET_K translation is left out."""
+    first = next(iter(runs.values()))[0]
+    references = test_set(first.recipe, first.pair, results.args.test_limit).target
+    header = ["system", *(f"place {place}" for place in range(1, TARGET_K + 1)), "chance", "end − middle"]
+    lines = ["| " + " | ".join(header) + " |", "|" + " --- |" * len(header)]
+    gaps = {}
+    for name, found in runs.items():
+        translated = [joined_translations(results, run, TARGET_K) for run in found]
+        if None in translated or any(results.degenerate(run) for run in found):
+            continue
+        held, chance = np.zeros((2, TARGET_K)), np.zeros((2, TARGET_K))
+        for translations in translated:
+            held += coverage_by_place(references, translations, TARGET_K)
+            chance += coverage_by_place(references, translations[1:] + translations[:1], TARGET_K)
+        share, chance_share = held[0] / held[1], chance[0].sum() / chance[1].sum()
+        gaps[name] = round(100 * (share[END].mean() - share[MIDDLE].mean()))
+        cells = [f"{value:.0%}" for value in share] + [f"{chance_share:.0%}", f"{gaps[name]:+d} points"]
+        lines.append(f"| `{name}` | {' | '.join(cells)} |")
+    if not gaps:
+        return []
+    end = ", ".join(f"`{name}` ({gap:+d})" for name, gap in gaps.items() if gap < 0) or "none"
+    middle = ", ".join(f"`{name}` ({gap:+d})" for name, gap in gaps.items() if gap > 0) or "none"
+    return [
+        f"What the translations leave out at k = {TARGET_K}: for each place of the {TARGET_K} joined sentences, the "
+        "share of that sentence's content words (four letters or more, clipped counts) held by its input's "
+        "translation, every seed's pooled; chance: the same share in the translation of the next input; end − "
+        "middle: the mean share of places 7-8 less that of places 3-6, in percentage points. Translations that hold "
+        f"less of the end than of the middle: {end}; more of the end than of the middle: {middle}.",
         "",
         *lines,
         "",
