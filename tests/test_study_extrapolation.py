@@ -99,6 +99,9 @@ def test_a_perfect_extrapolator_meets_the_target_and_one_that_stops_early_misses
     assert "| `rope+concat4` | 100% |" in "\n".join(lines)  # the first sentence of each input, whole
     assert "| `kerple+concat4` | 100% | 100% | 100% | 100% |" in "\n".join(lines)  # the first half, whole
     assert "less of the end than of the middle: `kerple+concat4` (" in coverage
+    assert extrapolation.target_summary(Results(args), "en-de").endswith(
+        ": met: `alibi+concat4`; missed: `rope+concat4`, `kerple+concat4`; one seed (no call): `fire+concat4`."
+    )
 
 
 def test_coverage_by_place_counts_the_content_words_each_joined_sentence_keeps_in_its_translation():
@@ -125,6 +128,7 @@ def test_no_section_before_a_row_has_a_run(tmp_path):
     args = report_args(tmp_path)
     write_run(tmp_path, args, "sinusoidal", 1, {}, {})
     assert extrapolation.extrapolation_section(Results(args), "en-de", tmp_path) == []
+    assert extrapolation.target_summary(Results(args), "en-de") == ""
 
 
 def test_the_bootstrap_draws_the_same_groups_for_every_seed_and_keeps_exact_shares():

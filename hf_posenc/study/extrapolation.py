@@ -274,25 +274,45 @@ def coverage_lines(results: Results, runs: dict[str, list[Run]]) -> list[str]:
     ]
 
 
-def target_cells(results: Results, runs: list[Run], measured: list[dict]) -> list[str]:
-    """The interval, verdict and reason cells of one system at k = TARGET_K."""
+def target_test(results: Results, runs: list[Run]) -> tuple[tuple[float, float], str] | None:
+    """(the kept share's interval at k = TARGET_K, the target's verdict) of one system's runs; None where a run
+    kept no translation for k = TARGET_K."""
     grouped = [grouped_statistics(results, run, TARGET_K) for run in runs]
     if None in grouped:
-        return ["no translations kept", "", ""]
+        return None
     kept, ratio = kept_samples(grouped, results.args.bootstrap_samples)
-    kept_interval, ratio_interval = (
-        percentile_interval(kept, CONFIDENCE),
-        percentile_interval(ratio, CONFIDENCE),
-    )
-    verdict = target_verdict(kept_interval, ratio_interval, len(runs))
+    kept_interval = percentile_interval(kept, CONFIDENCE)
+    return kept_interval, target_verdict(kept_interval, percentile_interval(ratio, CONFIDENCE), len(runs))
+
+
+def target_cells(results: Results, runs: list[Run], measured: list[dict]) -> list[str]:
+    """The interval, verdict and reason cells of one system at k = TARGET_K."""
+    if (test := target_test(results, runs)) is None:
+        return ["no translations kept", "", ""]
+    (low, high), verdict = test
     rows = [joined_at(result, TARGET_K) for result in measured]
     mean_row = {
         key: statistics.mean(row[key] for row in rows)
         for key in ("length_ratio", "hyp_sentence_ends", "ref_sentence_ends")
     }
     reason = why_missed(mean_row) if verdict == "**missed**" else ""
-    low, high = kept_interval
     return [f"[{100 * low:.0f}%, {100 * high:.0f}%]", verdict, reason]
+
+
+def target_summary(results: Results, pair: str) -> str:
+    """The README's sentence on the extrapolation target: which systems meet it, miss it or cannot yet be called
+    (empty before a row of the table has a run)."""
+    verdicts: dict[str, list[str]] = {}
+    for system in TABLES["extrapolation"][1:]:
+        if (runs := results.runs_of(pair, system.name)) and (test := target_test(results, runs)):
+            verdicts.setdefault(test[1].strip("*"), []).append(f"`{system.name}`")
+    if not verdicts:
+        return ""
+    calls = "; ".join(f"{verdict}: {', '.join(names)}" for verdict, names in verdicts.items())
+    return (
+        f" Extrapolation to {TARGET_K} joined sentences (twice the longest training example; target: keep "
+        f"≥ {TARGET_KEPT:.0%} of the 1-sentence BLEU with length ratio ≥ {TARGET_RATIO}): {calls}."
+    )
 
 
 def plot_kept(curves: dict[str, dict[int, float]], path: Path, title: str) -> None:

@@ -6,6 +6,7 @@ import time
 from pathlib import Path
 
 from ..analysis.length_generalisation import cannot_cell
+from .extrapolation import target_summary
 from .length import joined_at, kept_at_4, kept_cell, kept_over_seeds
 from .results import Results, mean_sd
 from .runs import test_set
@@ -109,6 +110,6 @@ def summary(results: Results, pair: str, in_module_table: bool = True) -> list[s
         f"- Comparison of every module (`{recipe}`, {pair}, {results.test_split}, written "
         f"{time.strftime('%Y-%m-%d')}; {results.machines([pair])}): {len(measured)} of {len(TABLES['main'])} "
         f"main-table systems measured ({seeds}). Mean BLEU: `{REFERENCE_SYSTEM}` {reference}, "
-        f"{best_system_text(results, pair, references, best, mean[best])}.{length}"
+        f"{best_system_text(results, pair, references, best, mean[best])}.{length}{target_summary(results, pair)}"
         f"{readme_tally(results, pair, references)} {pointer}[docs/results.md](docs/results.md).",
     ]
