@@ -43,9 +43,8 @@ from .tables import EXTRAPOLATION_K, TABLES
 TARGET_K, TARGET_KEPT, TARGET_RATIO = 8, 0.7, 0.9
 STOPPING_K = (4, 8, 16)  # 4: the size of the longest training examples; 8 and 16: twice and four times that
 SENTENCE_BREAK = re.compile(r"(?<=[.!?])\s+")  # the space after a full stop, question or exclamation mark
-CONTENT_WORD = re.compile(
-    r"\w{4,}"
-)  # words of four letters or more: mostly content words in German and French
+# Words of four letters or more: mostly content words in German and French.
+CONTENT_WORD = re.compile(r"\w{4,}")
 MIDDLE, END = slice(2, TARGET_K - 2), slice(TARGET_K - 2, TARGET_K)  # places 3-6 and 7-8 of the k = 8 inputs
 
 
@@ -177,17 +176,17 @@ def repeated_share(texts: list[str]) -> float:
 
 def stopping_lines(results: Results, runs: dict[str, list[Run]]) -> list[str]:
     """The paragraph and table of where the translations stop (module docstring): median words per joined input
-    at k in STOPPING_K, every seed's translations pooled, the growth from k = 8 to k = 16, and the repeated
-    sentences at the longest k."""
+    at k in STOPPING_K, every seed's translations pooled, the growth from k = TARGET_K to the longest k, and the
+    repeated sentences there."""
     first = next(iter(runs.values()))[0]
     test = test_set(first.recipe, first.pair, results.args.test_limit)
-    longest = STOPPING_K[-1]
+    shortest, longest = STOPPING_K[0], STOPPING_K[-1]
     joined = {k: join_consecutive(test.source, test.target, k)[1] for k in STOPPING_K}
     references = {k: median_words(texts) for k, texts in joined.items()}
-    header = ["system", *(f"median words k={k}" for k in STOPPING_K), "growth k=8 to 16"]
+    header = ["system", *(f"median words k={k}" for k in STOPPING_K), f"growth k={TARGET_K} to {longest}"]
     header.append(f"repeated sentences k={longest}")
     lines = ["| " + " | ".join(header) + " |", "|" + " --- |" * len(header)]
-    growth = {"references": references[16] - references[8]}
+    growth = {"references": references[longest] - references[TARGET_K]}
     cells = [f"{references[k]:.0f}" for k in STOPPING_K]
     cells += [f"{growth['references']:+.0f}", f"{repeated_share(joined[longest]):.0%}"]
     lines.append(f"| references | {' | '.join(cells)} |")
@@ -196,8 +195,8 @@ def stopping_lines(results: Results, runs: dict[str, list[Run]]) -> list[str]:
         translated = {k: [joined_translations(results, run, k) for run in found] for k in STOPPING_K}
         pooled = {k: sum(t, []) for k, t in translated.items() if None not in t}
         cells = [f"{median_words(pooled[k]):.0f}" if k in pooled else "cannot" for k in STOPPING_K]
-        if 8 in pooled and 16 in pooled:
-            growth[name] = median_words(pooled[16]) - median_words(pooled[8])
+        if TARGET_K in pooled and longest in pooled:
+            growth[name] = median_words(pooled[longest]) - median_words(pooled[TARGET_K])
         cells.append(f"{growth[name]:+.0f}" if name in growth else "–")
         cells.append(f"{repeated_share(pooled[longest]):.0%}" if longest in pooled else "–")
         lines.append(f"| `{name}`{degenerate} | {' | '.join(cells)} |")
@@ -209,10 +208,11 @@ def stopping_lines(results: Results, runs: dict[str, list[Run]]) -> list[str]:
     return [
         "Where the translations stop: the median length in words of the translations of the joined inputs (every "
         "seed's pooled) against the references', and the share of the sentences of a translation that repeat an "
-        "earlier one of it word for word (a decoder that has lost its place loops). Four joined sentences are the "
-        f"size of the longest training examples ({references[4]:.0f} words in the test references). From k = 8 to "
-        f"k = 16 the references grow by {growth['references']:.0f} words; translations that grow by less than a "
-        "quarter of that stop at a length learned in training, whatever the input: "
+        f"earlier one of it word for word (a decoder that has lost its place loops). Inputs of {shortest} joined "
+        f"sentences are the size of the longest training examples ({references[shortest]:.0f} words in the test "
+        f"references). From k = {TARGET_K} to k = {longest} the references grow by {growth['references']:.0f} "
+        "words; translations that grow by less than a quarter of that stop at a length learned in training, "
+        "whatever the input: "
         f"{', '.join(flat) if flat else 'none'}.",
         "",
         *lines,
