@@ -36,7 +36,7 @@ from ..pipeline.data import read_lines
 from .bootstrap import bleu_of_statistics, percentile_interval, sentence_statistics
 from .claims import CONFIDENCE
 from .length import joined_at, kept_cell, kept_over_seeds
-from .results import Results
+from .results import Results, table_lines
 from .runs import JOINED_TRANSLATIONS, Run, test_set
 from .tables import EXTRAPOLATION_K, TABLES
 
@@ -118,7 +118,7 @@ def extrapolation_section(results: Results, pair: str, docs: Path) -> list[str]:
     header += [f"kept k={k}" for k in EXTRAPOLATION_K[1:]]
     header += [f"ratio k={k}" for k in EXTRAPOLATION_K[2:]]
     header += [f"kept k={TARGET_K}, {CONFIDENCE:.0%} interval", "target", "where it misses"]
-    lines = ["| " + " | ".join(header) + " |", "|" + " --- |" * len(header)]
+    lines = table_lines(header)
     curves = {}
     for name, found in runs.items():
         measured = [results.read(run, "length_generalisation.json") for run in found]
@@ -185,7 +185,7 @@ def stopping_lines(results: Results, runs: dict[str, list[Run]]) -> list[str]:
     references = {k: median_words(texts) for k, texts in joined.items()}
     header = ["system", *(f"median words k={k}" for k in STOPPING_K), f"growth k={TARGET_K} to {longest}"]
     header.append(f"repeated sentences k={longest}")
-    lines = ["| " + " | ".join(header) + " |", "|" + " --- |" * len(header)]
+    lines = table_lines(header)
     growth = {"references": references[longest] - references[TARGET_K]}
     cells = [f"{references[k]:.0f}" for k in STOPPING_K]
     cells += [f"{growth['references']:+.0f}", f"{repeated_share(joined[longest]):.0%}"]
@@ -244,7 +244,7 @@ def coverage_lines(results: Results, runs: dict[str, list[Run]]) -> list[str]:
     first = next(iter(runs.values()))[0]
     references = test_set(first.recipe, first.pair, results.args.test_limit).target
     header = ["system", *(f"place {place}" for place in range(1, TARGET_K + 1)), "chance", "end − middle"]
-    lines = ["| " + " | ".join(header) + " |", "|" + " --- |" * len(header)]
+    lines = table_lines(header)
     gaps = {}
     for name, found in runs.items():
         translated = [joined_translations(results, run, TARGET_K) for run in found]

@@ -19,7 +19,7 @@ from ..pipeline.systems import paper_deviations
 from .claims import SEED_SDS, SIGNIFICANT_P, STRONG_P, p_text
 from .extrapolation import extrapolation_section
 from .length import length_section
-from .results import KERNEL_NAMES, Results, mean_sd
+from .results import KERNEL_NAMES, Results, mean_sd, table_lines
 from .runs import Run, test_set
 from .tables import REFERENCE_SYSTEM, TABLE_TITLES, TABLES, row_config
 from .verdicts import claims_table, detectable, margin_section, pair_evidence, protocol_section, tally
@@ -30,11 +30,6 @@ NOTES_MARKER = "<!-- Everything below this line is kept when train_scripts/compa
 def bootstrap_cell(tests: list[dict]) -> str:
     """'p=0.012**, p=0.300, p=0.0999*' for the seeds' BLEU bootstrap tests (`claims.p_text`)."""
     return ", ".join(f"p={p_text(test['bleu']['p_value'])}{test['bleu']['significance']}" for test in tests)
-
-
-def table_lines(header: list[str]) -> list[str]:
-    """A markdown table's header and rule."""
-    return ["| " + " | ".join(header) + " |", "|" + " --- |" * len(header)]
 
 
 class Report(Results):

@@ -158,6 +158,11 @@ def length_problems(length) -> list[str]:
     return problems
 
 
+def table_lines(header: list[str]) -> list[str]:
+    """A markdown table's header and rule."""
+    return ["| " + " | ".join(header) + " |", "|" + " --- |" * len(header)]
+
+
 def mean_sd(values: list[float]) -> str:
     if len(values) < 2:
         return f"{values[0]:.2f}"
