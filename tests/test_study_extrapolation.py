@@ -157,3 +157,26 @@ def test_the_bootstrap_draws_the_same_groups_for_every_seed_and_keeps_exact_shar
 )
 def test_target_verdict_follows_the_intervals(kept, ratio, seeds, verdict):
     assert extrapolation.target_verdict(kept, ratio, seeds) == verdict
+
+
+def test_degenerate_runs_are_left_out_of_the_target_test(tmp_path, monkeypatch):
+    """A run whose output ignores its source measures nothing: with one of two seeds degenerate the row has one
+    seed (no call); with both, the row says it cannot answer, in the table and in the README's summary."""
+    args = report_args(tmp_path)
+    perfect = {k: joined_references(k) for k in (2, 4, 8, 16)}
+    early = {k: first_sentence_only(k) for k in (2, 4, 8, 16)}
+    for seed in (1, 2):
+        write_run(tmp_path, args, "alibi+concat4", seed, perfect, dict.fromkeys(perfect, 1.0))
+        write_run(tmp_path, args, "nope-decoder+concat4", seed, early, {2: 0.5, 4: 0.25, 8: 0.12, 16: 0.06})
+    collapsed = {("alibi+concat4", 1), ("nope-decoder+concat4", 1), ("nope-decoder+concat4", 2)}
+    monkeypatch.setattr(
+        Results, "degenerate", lambda self, run: ["collapsed"] if (run.system, run.seed) in collapsed else []
+    )
+    lines = extrapolation.extrapolation_section(Results(args), "en-de", tmp_path)
+    rows = {line.split(" | ")[0].strip("| `"): line for line in lines if line.startswith("| `")}
+    assert "one seed (no call)" in rows["alibi+concat4` (degenerate: seed 1)"]
+    nope = rows["nope-decoder+concat4` (degenerate: seed 1, seed 2)"]
+    assert nope.endswith(f"| – | {extrapolation.NO_USABLE_SEED} |  |")
+    assert extrapolation.target_summary(Results(args), "en-de").endswith(
+        f"one seed (no call): `alibi+concat4`; {extrapolation.NO_USABLE_SEED}: `nope-decoder+concat4`."
+    )

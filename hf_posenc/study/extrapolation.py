@@ -10,7 +10,8 @@ its joined translation and those 8 sentences' own (k = 1) translations; a sample
 share is the mean over the drawn seeds of BLEU(k = 8) / BLEU(k = 1) on the drawn groups (the length ratio likewise).
 The target is **met** where the lower bounds of the `CONFIDENCE` intervals of both are at or above their thresholds
 (one-sided tests at α = 0.05), **missed** where an upper bound is below its threshold, and **undecided (n seeds)**
-otherwise; one seed gets no call, as a claim does not.
+otherwise; one seed gets no call, as a claim does not. A degenerate run (`Results.degenerate`: its output hardly
+depends on the source) is left out of the test, and a system whose every run is degenerate gets `NO_USABLE_SEED`.
 
 Where the translations stop (`stopping_lines`): the median length in words of each system's translations of the
 joined inputs at k = 4, 8 and 16, against the references'. A decoder that has learned when to stop from its
@@ -45,6 +46,7 @@ STOPPING_K = (4, 8, 16)  # 4: the size of the longest training examples; 8 and 1
 SENTENCE_BREAK = re.compile(r"(?<=[.!?])\s+")  # the space after a full stop, question or exclamation mark
 # Words of four letters or more: mostly content words in German and French.
 CONTENT_WORD = re.compile(r"\w{4,}")
+NO_USABLE_SEED = "no call: every seed degenerate"  # the row cannot answer: its model ignores the source
 MIDDLE, END = slice(2, TARGET_K - 2), slice(TARGET_K - 2, TARGET_K)  # places 3-6 and 7-8 of the k = 8 inputs
 
 
@@ -147,7 +149,8 @@ def extrapolation_section(results: Results, pair: str, docs: Path) -> list[str]:
         f"reference length ratio there. Target: keep ≥ {TARGET_KEPT:.0%} at k = {TARGET_K} (twice the longest "
         f"training example) with ratio ≥ {TARGET_RATIO}, tested on a seeds × groups bootstrap "
         f"({results.args.bootstrap_samples} samples; `hf_posenc/study/extrapolation.py`): met where both "
-        f"{CONFIDENCE:.0%} intervals lie at or above the thresholds, missed where one lies below.",
+        f"{CONFIDENCE:.0%} intervals lie at or above the thresholds, missed where one lies below; a degenerate run "
+        "(its output hardly depends on the source) is left out of the test.",
         "",
         *lines,
         "",
@@ -274,23 +277,34 @@ def coverage_lines(results: Results, runs: dict[str, list[Run]]) -> list[str]:
     ]
 
 
-def target_test(results: Results, runs: list[Run]) -> tuple[tuple[float, float], str] | None:
-    """(the kept share's interval at k = TARGET_K, the target's verdict) of one system's runs; None where a run
-    kept no translation for k = TARGET_K."""
-    grouped = [grouped_statistics(results, run, TARGET_K) for run in runs]
+def target_test(results: Results, runs: list[Run]) -> tuple[tuple[float, float] | None, str] | None:
+    """(the kept share's interval at k = TARGET_K, the target's verdict) of one system's runs, its degenerate runs
+    left out (their output does not depend on the source: their kept shares measure nothing); no interval where
+    every run is degenerate; None where a run kept no translation for k = TARGET_K."""
+    usable = [run for run in runs if not results.degenerate(run)]
+    if not usable:
+        return None, NO_USABLE_SEED
+    grouped = [grouped_statistics(results, run, TARGET_K) for run in usable]
     if None in grouped:
         return None
     kept, ratio = kept_samples(grouped, results.args.bootstrap_samples)
     kept_interval = percentile_interval(kept, CONFIDENCE)
-    return kept_interval, target_verdict(kept_interval, percentile_interval(ratio, CONFIDENCE), len(runs))
+    return kept_interval, target_verdict(kept_interval, percentile_interval(ratio, CONFIDENCE), len(usable))
 
 
 def target_cells(results: Results, runs: list[Run], measured: list[dict]) -> list[str]:
     """The interval, verdict and reason cells of one system at k = TARGET_K."""
     if (test := target_test(results, runs)) is None:
         return ["no translations kept", "", ""]
-    (low, high), verdict = test
-    rows = [joined_at(result, TARGET_K) for result in measured]
+    interval, verdict = test
+    if interval is None:
+        return ["–", verdict, ""]
+    low, high = interval
+    rows = [
+        joined_at(result, TARGET_K)
+        for run, result in zip(runs, measured, strict=True)
+        if not results.degenerate(run)
+    ]
     mean_row = {
         key: statistics.mean(row[key] for row in rows)
         for key in ("length_ratio", "hyp_sentence_ends", "ref_sentence_ends")
