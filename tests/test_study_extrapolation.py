@@ -161,7 +161,8 @@ def test_target_verdict_follows_the_intervals(kept, ratio, seeds, verdict):
 
 def test_degenerate_runs_are_left_out_of_the_target_test(tmp_path, monkeypatch):
     """A run whose output ignores its source measures nothing: with one of two seeds degenerate the row has one
-    seed (no call); with both, the row says it cannot answer, in the table and in the README's summary."""
+    seed (no call); with both, the row says it cannot answer, in the table and in the README's summary, and is not
+    named among the translations that stop at a learned length."""
     args = report_args(tmp_path)
     perfect = {k: joined_references(k) for k in (2, 4, 8, 16)}
     early = {k: first_sentence_only(k) for k in (2, 4, 8, 16)}
@@ -177,6 +178,7 @@ def test_degenerate_runs_are_left_out_of_the_target_test(tmp_path, monkeypatch):
     assert "one seed (no call)" in rows["alibi+concat4` (degenerate: seed 1)"]
     nope = rows["nope-decoder+concat4` (degenerate: seed 1, seed 2)"]
     assert nope.endswith(f"| – | {extrapolation.NO_USABLE_SEED} |  |")
+    assert "whatever the input: none." in "\n".join(lines)  # garbage is not a decoder that stops early
     assert extrapolation.target_summary(Results(args), "en-de").endswith(
         f"one seed (no call): `alibi+concat4`; {extrapolation.NO_USABLE_SEED}: `nope-decoder+concat4`."
     )

@@ -198,7 +198,7 @@ def stopping_lines(results: Results, runs: dict[str, list[Run]]) -> list[str]:
         translated = {k: [joined_translations(results, run, k) for run in found] for k in STOPPING_K}
         pooled = {k: sum(t, []) for k, t in translated.items() if None not in t}
         cells = [f"{median_words(pooled[k]):.0f}" if k in pooled else "cannot" for k in STOPPING_K]
-        if TARGET_K in pooled and longest in pooled:
+        if TARGET_K in pooled and longest in pooled and not degenerate:  # garbage stops anywhere: no growth
             growth[name] = median_words(pooled[longest]) - median_words(pooled[TARGET_K])
         cells.append(f"{growth[name]:+.0f}" if name in growth else "–")
         cells.append(f"{repeated_share(pooled[longest]):.0%}" if longest in pooled else "–")
