@@ -187,6 +187,7 @@ class Results:
         self.args = args
         self.root = Path(args.results_dir)
         self.bootstraps: dict[tuple[Run, Run], dict] = {}
+        self.symptoms: dict[Run, list[str]] = {}  # `degenerate`, once per run
         self.sentence_statistics: dict[Run, np.ndarray] = {}
         self.intervals: dict[tuple[str, str, str], Interval | None] = {}
         self.current: dict[Run, bool] = {}  # finished run -> made with this report's settings
@@ -222,12 +223,14 @@ class Results:
         return read_lines(run.folder(self.root) / f"test.hyp.{run.target_lang}.gz")
 
     def degenerate(self, run: Run) -> list[str]:
-        """The symptoms of garbage output (`degenerate_output`), recomputed from the run's translations."""
-        encoding = SYSTEMS[run.system].overrides.get(
-            "encoder_position_encoding", MarianPosEncConfig().encoder_position_encoding
-        )
-        reasons = degenerate_output(self.hypotheses(run), self.bleu(run), encoding)
-        return [reason for reason in reasons if not reason.startswith("likely cause")]
+        """The symptoms of garbage output (`degenerate_output`), recomputed from the run's translations once."""
+        if run not in self.symptoms:
+            encoding = SYSTEMS[run.system].overrides.get(
+                "encoder_position_encoding", MarianPosEncConfig().encoder_position_encoding
+            )
+            reasons = degenerate_output(self.hypotheses(run), self.bleu(run), encoding)
+            self.symptoms[run] = [reason for reason in reasons if not reason.startswith("likely cause")]
+        return self.symptoms[run]
 
     def bootstrap(self, run: Run, reference: Run, references: list[str]) -> dict:
         """Paired bootstrap of `run` against `reference` (same seed), once per pair of runs."""
