@@ -1,6 +1,9 @@
 # Two commands on a fresh machine with only python3: `make train` and `make test` (both create .venv).
-# Variables left empty pass nothing: the recipe (train_scripts/recipes/) and the config decide the defaults.
+# Variables left empty pass nothing: the recipe (hf_posenc/pipeline/training/recipes/) and the config decide the
+# defaults.
 PYTHON ?= python3
+# The data root: a recipe's relative data paths are read under it (the shared data beside this checkout).
+export HF_POSENC_DATA ?= $(abspath ../shared/data)
 VENV := .venv
 PY := $(VENV)/bin/python
 
@@ -48,7 +51,7 @@ train-stock: install
 
 ## Every positional module trained and scored under one recipe, budget and seeds -> docs/results.md (resumable)
 compare: install
-	$(PY) train_scripts/compare.py --readme README.md $(ARGS)
+	$(PY) -m study --readme README.md $(ARGS)
 
 ## The test suite CI runs (slow end-to-end runs excluded)
 test: install $(TRANSFORMERS_SRC)/.unpacked
@@ -58,8 +61,8 @@ test-all: install $(TRANSFORMERS_SRC)/.unpacked
 	$(PY) -m pytest -q tests
 
 lint: install
-	$(VENV)/bin/ruff check hf_posenc train_scripts tests benchmarks
-	$(VENV)/bin/ruff format --check hf_posenc train_scripts tests benchmarks
+	$(VENV)/bin/ruff check hf_posenc train_scripts tests benchmarks study tools
+	$(VENV)/bin/ruff format --check hf_posenc train_scripts tests benchmarks study tools
 
 ## Speed, memory and decoding cost of every registered module vs stock MarianMTModel, as ratios in one process:
 ## writes docs/benchmarks.md + docs/benchmarks_*.png; SIZE=base|big writes docs/benchmarks-SIZE.*
@@ -70,4 +73,4 @@ bench: install
 
 ## Regenerate the tables docs/ derives from the code (recipes, module hyperparameters)
 docs: install
-	$(PY) -m hf_posenc.pipeline.reference_tables
+	$(PY) -m tools.reference_tables

@@ -20,12 +20,15 @@ from pathlib import Path
 
 import torch
 
-from hf_posenc.pipeline.ctranslate2 import CTranslate2Model, export_ctranslate2
-from hf_posenc.pipeline.data import DATA_ROOT, read_parallel
-from hf_posenc.pipeline.evaluation import load_translation_model, score_translations, translate
-from hf_posenc.pipeline.hardware import describe_hardware
+from hf_posenc.pipeline.data.files import read_parallel
+from hf_posenc.pipeline.evaluation.decoding import load_translation_model, translate
+from hf_posenc.pipeline.evaluation.scoring import score_translations
+from hf_posenc.pipeline.export.ctranslate2 import CTranslate2Model, export_ctranslate2
+from hf_posenc.pipeline.training.hardware import describe_hardware
 
-DATA = DATA_ROOT / "multi30k"
+from .systems import MULTI30K
+
+DATA = MULTI30K
 DOC = Path(__file__).resolve().parents[1] / "docs" / "export.md"
 BEGIN, END = "<!-- ctranslate2-benchmark:begin -->", "<!-- ctranslate2-benchmark:end -->"
 QUANTIZATIONS = ("float32", "int8")

@@ -42,8 +42,8 @@ def child(timings_path: Path, flags: list[str]) -> None:
     started = time.monotonic()
     from transformers import TrainerCallback
 
-    from hf_posenc.pipeline import run
-    from hf_posenc.pipeline.training import TranslationTrainer
+    from hf_posenc.pipeline.training import run
+    from hf_posenc.pipeline.training.trainer import TranslationTrainer
 
     timings = {"import_seconds": time.monotonic() - started, "fetches": [], "step_ends": []}
     prepare_data = run.prepare_data
@@ -185,7 +185,7 @@ def main(argv=None) -> None:
     parser.add_argument("--json", type=Path, help="also write the results here")
     parser.add_argument("flags", nargs="*", help="more train.py flags (after --)")
     args = parser.parse_args(argv)
-    from hf_posenc.pipeline.hardware import describe_hardware
+    from hf_posenc.pipeline.training.hardware import describe_hardware
 
     with tempfile.TemporaryDirectory(prefix="data-scaling-") as folder:
         workdir = Path(folder)

@@ -13,7 +13,7 @@ import argparse
 
 import torch
 
-from benchmarks.harness import (
+from .harness import (
     MODEL_SIZES,
     build_model,
     generation_run,

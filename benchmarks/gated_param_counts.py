@@ -8,7 +8,7 @@ Models are built on the meta device, so nothing is allocated. Usage: python -m b
 
 import argparse
 
-from benchmarks.harness import MODEL_SIZES, count_parameters, meta_model
+from .harness import MODEL_SIZES, count_parameters, meta_model
 
 PAPER_TABLE_2 = {
     "Transformer": ("attention", "attention", 66.5),

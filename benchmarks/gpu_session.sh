@@ -252,7 +252,7 @@ runs() {
     local limit=$((RUNS_BUDGET - SECONDS - 20))
     log "compare.py: $JOBS runs at once, none started after $STOP_MINUTES min, stopped after $limit s"
     # shellcheck disable=SC2086  # SEEDS and SYSTEMS are word lists
-    x timeout --kill-after=15 "$limit" python3 train_scripts/compare.py --tables extrapolation --seeds $SEEDS \
+    x timeout --kill-after=15 "$limit" python3 python -m study --tables extrapolation --seeds $SEEDS \
         --jobs "$JOBS" --threads 1 --stop_after_minutes "$STOP_MINUTES" --results_dir "$REPO/results" \
         --models_dir "$models" --report "$WORK/results.md" ${SYSTEMS:+--systems $SYSTEMS}
     local status=$?

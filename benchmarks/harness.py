@@ -19,7 +19,7 @@ from transformers import LogitsProcessor, LogitsProcessorList, MarianMTModel
 
 from hf_posenc.configuration_marian_posenc import MarianPosEncConfig
 from hf_posenc.modeling_marian_posenc import MarianPosEncForConditionalGeneration
-from hf_posenc.pipeline.hardware import autocast, synchronize, training_flops
+from hf_posenc.pipeline.training.hardware import autocast, synchronize, training_flops
 
 # Model sizes shared by the benchmark scripts. "base" is paper 1's Transformer base (§5.1), "big" Transformer big;
 # both are too slow for many variants on 2 CPU cores, "small" keeps the ratios meaningful there.
@@ -81,7 +81,7 @@ def build_model(base_fields: dict, overrides: dict | None, device, seed: int = 0
 
 
 def build_system(system, base_fields: dict, device, seed: int = 0):
-    """The model of a `hf_posenc.pipeline.systems.System` (overrides None: stock MarianMTModel)."""
+    """The model of a `benchmarks.systems.System` (overrides None: stock MarianMTModel)."""
     return build_model(base_fields, system.overrides, device, seed, system.precomputed)
 
 

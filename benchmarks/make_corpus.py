@@ -14,16 +14,16 @@ from pathlib import Path
 
 import numpy as np
 
-from hf_posenc.pipeline.data import DATA_ROOT, read_split
+from hf_posenc.pipeline.data.files import read_split
+
+from .systems import MULTI30K
 
 JOINED_SHARE = 0.4  # lines that are two captions joined
 LINES_PER_WRITE = 100_000
 COMPRESSION = 6  # gzip's default level; 9 takes twice as long for 3% less
 
 
-def make_corpus(
-    out: Path, pairs: int, seed: int = 0, data_dir: Path = DATA_ROOT / "multi30k"
-) -> tuple[Path, Path]:
+def make_corpus(out: Path, pairs: int, seed: int = 0, data_dir: Path = MULTI30K) -> tuple[Path, Path]:
     text = read_split(data_dir, "train", "en", "de")
     rng = np.random.default_rng(seed)
     out.mkdir(parents=True, exist_ok=True)
@@ -53,7 +53,7 @@ def main(argv=None) -> None:
     parser.add_argument("out", type=Path, help="folder for train.en.gz and train.de.gz")
     parser.add_argument("--pairs", type=int, default=1_000_000)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--data_dir", type=Path, default=DATA_ROOT / "multi30k", help="the Multi30k folder")
+    parser.add_argument("--data_dir", type=Path, default=MULTI30K, help="the Multi30k folder")
     args = parser.parse_args(argv)
     if args.pairs < 1:
         parser.error(f"--pairs={args.pairs} must be at least 1")

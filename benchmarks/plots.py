@@ -3,8 +3,8 @@ measured (training, paper 1's forward benchmark), and the per-token decoding tim
 
 import matplotlib
 
-from benchmarks.harness import STOCK_MARIAN
-from hf_posenc.pipeline.systems import System
+from .harness import STOCK_MARIAN
+from .systems import System
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402  (after selecting the file-only backend)

@@ -9,7 +9,7 @@ paper's SAPE count and the L_max that reproduces the paper's PosNet counts with 
 
 import argparse
 
-from benchmarks.harness import MODEL_SIZES, count_parameters
+from .harness import MODEL_SIZES, count_parameters
 
 # Row label -> (config overrides, paper Table 1 count in millions). PosNet-Attn is listed with one kernel table
 # for all layers of both stacks (the default, the model paper 1 counts) and with a table per layer.

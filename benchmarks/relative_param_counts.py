@@ -8,7 +8,7 @@ output layer (paper 1, Sec. 5.1). Counts come from the real model classes; print
 
 import argparse
 
-from benchmarks.harness import MODEL_SIZES, meta_model
+from .harness import MODEL_SIZES, meta_model
 
 PAPER_BASE = {field: value for field, value in MODEL_SIZES["base"].items() if field != "vocab_size"}
 # paper 1, Table 1 (millions)

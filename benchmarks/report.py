@@ -6,8 +6,8 @@ import math
 
 import torch
 
-from benchmarks.harness import COMPILED, STOCK_MARIAN
-from hf_posenc.pipeline.systems import System
+from .harness import COMPILED, STOCK_MARIAN
+from .systems import System
 
 NOTES_MARKER = "<!-- Everything below this line is kept when benchmarks/run.py rewrites this file. -->"
 # The CPU targets: (system, metric, threshold, higher is better). Metrics are defined in `metric`.

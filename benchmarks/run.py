@@ -35,7 +35,14 @@ from pathlib import Path
 import torch
 import transformers
 
-from benchmarks.harness import (
+from hf_posenc.pipeline.training.hardware import (
+    choose_attention_backend,
+    choose_precision,
+    keep_freed_memory,
+    matmul_peak_flops,
+)
+
+from .harness import (
     MODEL_SIZES,
     STOCK_MARIAN,
     benchmark_training_steps,
@@ -47,15 +54,9 @@ from benchmarks.harness import (
     interleaved_median_seconds,
     synthetic_batch,
 )
-from benchmarks.plots import write_plots
-from benchmarks.report import geometric_mean, write_markdown
-from hf_posenc.pipeline.hardware import (
-    choose_attention_backend,
-    choose_precision,
-    keep_freed_memory,
-    matmul_peak_flops,
-)
-from hf_posenc.pipeline.systems import System, benchmark_systems
+from .plots import write_plots
+from .report import geometric_mean, write_markdown
+from .systems import System, benchmark_systems
 
 MEMORY_SHARE = 0.6  # of the memory available when training starts, for one group of interleaved systems
 TRAINING_BYTES_PER_PARAMETER = 16  # fp32 weights and gradients, AdamW's two moments

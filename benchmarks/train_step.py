@@ -16,7 +16,10 @@ import json
 import torch
 import transformers
 
-from benchmarks.harness import (
+from hf_posenc import POSITION_ENCODINGS
+from hf_posenc.pipeline.training.hardware import choose_precision, describe_hardware, keep_freed_memory
+
+from .harness import (
     MODEL_SIZES,
     benchmark_training_steps,
     build_model,
@@ -25,8 +28,6 @@ from benchmarks.harness import (
     synthetic_batch,
     training_memory_bytes,
 )
-from hf_posenc import POSITION_ENCODINGS
-from hf_posenc.pipeline.hardware import choose_precision, describe_hardware, keep_freed_memory
 
 MIB = 2**20
 

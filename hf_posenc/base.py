@@ -160,6 +160,10 @@ class DescribedModule:
     #: Option sets that deserve their own conformance and benchmark run: name -> config overrides, applied on
     #: top of the module's own system (its name in both stacks, or at its self-attention sites).
     variants: dict[str, dict] = {}
+    #: Config fields that size this module's table of positions, the first one set wins (PosNet-Embed:
+    #: `posnet_embed_max_positions`, else `max_position_embeddings`); () for modules without such a table. The
+    #: config checks that randomized positions (`randomized_positions_max`) fit.
+    position_table_fields: tuple[str, ...] = ()
 
     def position_panels(self, positions: int) -> list[PositionPanel]:
         """Pictures of what this module learned about the first `positions` positions (none by default)."""
@@ -197,6 +201,11 @@ class PositionContext:
     # made once per forward by the stack and set by each layer (`with_score_mask`); None when the encoding's
     # bias is per layer or absent.
     score_mask: torch.Tensor | None = field(default=None, repr=False)
+    # Each token's place in its sequence where the positions do not follow it (sentence-aware positions restart
+    # at every sentence, `sentence_end_token_ids`); None: the positions are in sequence order. Causality is read
+    # from these (`causal_mask`), never from restarting positions.
+    query_order: torch.Tensor | None = field(default=None, repr=False)  # (B|1, q)
+    key_order: torch.Tensor | None = field(default=None, repr=False)  # (B|1, k)
 
     def __post_init__(self):
         if self.query_span is None:
@@ -227,6 +236,9 @@ class PositionEncoding(DescribedModule, nn.Module):
     #: Set to True by encodings whose `score_bias` is the same in every layer of the stack (T5, ALiBi): the
     #: stack then computes it once per forward, merged with its mask (`stack_score_mask`).
     score_bias_shared_by_layers = False
+    #: False for encodings that cannot take positions restarting at each sentence (`sentence_end_token_ids`):
+    #: the config then refuses the combination.
+    supports_sentence_positions = True
 
     def __init__(self, config, stack: str):
         super().__init__()
@@ -321,6 +333,10 @@ class TokenMixer(DescribedModule, nn.Module):
     #: Input position encoding of a stack whose self-attention is this mixer, unless one is set explicitly
     #: (paper 2 §5.2 pairs rPosNet with learned absolute embeddings, the other mixers with sinusoids).
     recommended_position_encoding = "sinusoidal"
+    #: True for mixers that take positions restarting at each sentence in self-attention (causality from the
+    #: context's order, not its positions) and a sentence bias folded into the cross-attention mask
+    #: (`sentence_end_token_ids`, `sentence_cross_attention_bias`); the config refuses the others there.
+    supports_sentence_positions = False
 
     def __init__(self, config, site: str, layer_idx: int):
         super().__init__()
@@ -354,9 +370,12 @@ def causal_mask(context: PositionContext) -> torch.Tensor:
     """Boolean (B|1, 1, q, k) mask, True where a query may attend: keys at or before its own position.
 
     transformers hands SDPA no mask at all for unpadded causal attention (the kernel's `is_causal` does it);
-    any other kernel has to rebuild causality from the positions.
+    any other kernel has to rebuild causality from the positions (from the tokens' order where positions restart
+    at each sentence).
     """
-    return context.key_positions[:, None, None, :] <= context.query_positions[:, None, :, None]
+    queries = context.query_positions if context.query_order is None else context.query_order  # (B|1, q)
+    keys = context.key_positions if context.key_order is None else context.key_order  # (B|1, k)
+    return keys[:, None, None, :] <= queries[:, None, :, None]
 
 
 def additive_mask(

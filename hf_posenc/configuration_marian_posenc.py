@@ -15,10 +15,12 @@ from huggingface_hub.dataclasses import strict
 from transformers import GenerationConfig, MarianConfig
 from transformers.utils import logging
 
-from .base import ATTENTION_SITES, STACKS, Hyperparameter
+from .base import ATTENTION_SITES, CROSS_ATTENTION, STACKS, Hyperparameter
 from .registry import POSITION_ENCODINGS, TOKEN_MIXERS
+from .sentence_positions import check_sentence_config
 
 logger = logging.get_logger(__name__)
+CONTENT_ATTENTION, ROPE, SHAW = "attention", "rope", "shaw"  # the modules the length options depend on
 SPECIAL_TOKEN_FIELDS = (
     "pad_token_id",
     "bos_token_id",
@@ -112,6 +114,37 @@ class MarianPosEncConfig(MarianConfig, ModuleHyperparameters):
         positions are shifted by a random offset k in [0, shape_max_shift], drawn per sequence and
         independently for encoder and decoder as in the paper's code; never at inference. Bounded position
         tables must then hold the longest training sequence plus shape_max_shift positions.
+    randomized_positions_max (`int`, defaults to 0 = off): L of randomized positional encodings (Ruoss et al.
+        2023). In training, a sequence of n tokens takes n sorted distinct positions drawn uniformly from
+        0..L-1 instead of 0..n-1, independently per sequence and per stack; never at inference. Bounded position
+        tables must hold L positions; excludes `shape_max_shift` and the `shaw` encoding (docs/length.md).
+    log_length_scaling (`list[str]`, defaults to none): the attention sites (`encoder_self_attention`,
+        `decoder_self_attention`, `cross_attention`) whose content-attention logits are multiplied by log n, n
+        the number of keys the query may attend to (Chiang & Cholak 2022). Each named site must use the
+        `attention` mixer.
+    rope_scaling (`dict`, defaults to None = off): RoPE frequencies rescaled for inputs longer than those
+        trained on, computed by transformers' `ROPE_INIT_FUNCTIONS`: `{"rope_type": "linear", "factor": f}`,
+        `{"rope_type": "dynamic", "factor": f, "original_max_position_embeddings": n}` or `{"rope_type":
+        "yarn", "factor": f, "original_max_position_embeddings": n, ...}` (optional yarn keys: attention_factor,
+        beta_fast, beta_slow, mscale, mscale_all_dim, truncate). Only for the `rope` encoding; set it at
+        inference, e.g. `from_pretrained(folder, rope_scaling={...})` (docs/length.md).
+    sentence_end_token_ids (`list[int]`, defaults to empty = off): the tokens that end a sentence ('.', '!', '?'
+        and their BPE forms: `generation_length.sentence_end_token_ids(tokenizer)`). Set, positions restart at 0
+        after each sentence end in both stacks, and the sentence index 0, 1, 2, ... becomes a signal of its own
+        (sentence_positions.py, docs/length.md). Not `</s>`, padding or the decoder start token. Needs content
+        attention at both self-attention sites and an encoding that reads positions (not `rpe_head`,
+        `mpr_head`, `shaw`); excludes `randomized_positions_max`.
+    sentence_embedding (`str`, defaults to `"learned"`): how the sentence index enters each stack's input:
+        `"learned"` adds a learned row per sentence index (Ma et al. 2020's segment embedding), `"none"` adds
+        nothing.
+    max_sentences (`int`, defaults to 64): rows of the learned sentence table; an input with more sentences
+        raises `PositionLimitError`.
+    sentence_cross_attention_bias (`bool`, defaults to False): a learned per-head bias on the cross-attention
+        scores by the clipped difference of the source token's and the target token's sentence indices (T5's
+        relative bias over sentences; the soft form of G-Transformer's group attention); needs
+        `sentence_end_token_ids` and `cross_attention="attention"`.
+    sentence_cross_attention_max_distance (`int`, defaults to 3): C, differences clipped to [-C, C]; keep it
+        below the largest number of sentences joined in a training example.
     Module hyperparameters: the fields each module class declares in `hyperparameters` (docs/architecture.md
         lists them with their defaults).
 
@@ -143,6 +176,14 @@ class MarianPosEncConfig(MarianConfig, ModuleHyperparameters):
     decoder_self_attention: str = "attention"
     cross_attention: str = "attention"
     shape_max_shift: int = 0
+    sentence_end_token_ids: list[int] = dataclasses.field(default_factory=list)
+    sentence_embedding: str = "learned"
+    max_sentences: int = 64
+    sentence_cross_attention_bias: bool = False
+    sentence_cross_attention_max_distance: int = 3
+    randomized_positions_max: int = 0
+    log_length_scaling: list[str] | tuple[str, ...] = ()
+    rope_scaling: dict | None = None  # shadows PreTrainedConfig's deprecated alias of `rope_parameters`
 
     def __post_init__(self, **kwargs):
         for old, new in RENAMED_FIELDS.items():  # a constructor given an old name: its field takes the value
@@ -258,3 +299,61 @@ class MarianPosEncConfig(MarianConfig, ModuleHyperparameters):
             encoding = getattr(self, f"{stack}_position_encoding")
             check_choice(f"{stack}_position_encoding", encoding, POSITION_ENCODINGS)
             POSITION_ENCODINGS[encoding].check_config(self, stack)
+        self.check_length_options()
+        check_sentence_config(self, POSITION_ENCODINGS, TOKEN_MIXERS)
+
+    def check_length_options(self) -> None:
+        """Randomized positions, log-length scaling and RoPE scaling (docs/length.md): values, and the modules
+        each one needs. The RoPE scaling dictionary itself is checked by the `rope` encoding's `check_config`."""
+        self.check_randomized_positions()
+        for site in self.log_length_scaling:
+            check_choice("log_length_scaling", site, ATTENTION_SITES)
+            if getattr(self, site) != CONTENT_ATTENTION:
+                raise ValueError(
+                    f"log_length_scaling names {site!r}, but {site}={getattr(self, site)!r}: log-length scaling "
+                    f"multiplies content-attention logits, so every site it names must use "
+                    f"{site}={CONTENT_ATTENTION!r}."
+                )
+        if len(set(self.log_length_scaling)) != len(self.log_length_scaling):
+            raise ValueError(f"log_length_scaling={list(self.log_length_scaling)} names a site twice.")
+        encodings = {f"{stack}_position_encoding": getattr(self, f"{stack}_position_encoding") for stack in STACKS}
+        if self.rope_scaling is not None and ROPE not in encodings.values():
+            raise ValueError(
+                f"rope_scaling={self.rope_scaling!r} rescales the {ROPE!r} position encoding, which neither stack "
+                f"uses ({', '.join(f'{field}={name!r}' for field, name in encodings.items())}); set rope_scaling "
+                f"to None."
+            )
+
+    def check_randomized_positions(self) -> None:
+        """L = `randomized_positions_max` >= 0; with L > 0: no SHAPE, no Shaw (its distances are token indices,
+        not positions), and every bounded position table of a stack (its encoding, its self-attention mixer)
+        holds L positions."""
+        draws = self.randomized_positions_max
+        if draws < 0:
+            raise ValueError(f"randomized_positions_max={draws} must be >= 0 (0 turns randomized positions off).")
+        if not draws:
+            return
+        if self.shape_max_shift:
+            raise ValueError(
+                f"randomized_positions_max={draws} and shape_max_shift={self.shape_max_shift} cannot both be set: "
+                "a SHAPE shift of randomized positions is another random draw; set one of them to 0."
+            )
+        modules = [
+            (f"{stack}_position_encoding", POSITION_ENCODINGS[getattr(self, f"{stack}_position_encoding")])
+            for stack in STACKS
+        ] + [(site, TOKEN_MIXERS[getattr(self, site)]) for site in ATTENTION_SITES if site != CROSS_ATTENTION]
+        for choice, module in modules:
+            name = getattr(self, choice)
+            if name == SHAW:
+                raise ValueError(
+                    f"randomized_positions_max={draws} cannot be used with {choice}={name!r}: Shaw's attention "
+                    "reads its distances from token indices, not positions, so it would ignore the draw."
+                )
+            sizes = [(field, getattr(self, field)) for field in module.position_table_fields]
+            field, size = next(((f, n) for f, n in sizes if n is not None), (None, None))
+            if size is not None and size < draws:
+                raise ValueError(
+                    f"randomized_positions_max={draws} draws training positions up to {draws - 1}, but "
+                    f"{choice}={name!r} has a table of {field}={size} positions: set {field} >= {draws} or "
+                    f"randomized_positions_max <= {size}."
+                )

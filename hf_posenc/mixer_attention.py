@@ -7,8 +7,14 @@ queries/keys are rotated (RoPE), values are transformed before caching (PosNet-A
 bias B is folded into the mask so SDPA stays on its fused path (T5, ALiBi, Adaptive-T5), or the encoding
 takes over the whole attention (Shaw's value term). Cross-attention receives no position encoding.
 
+Log-length scaling (Chiang & Cholak 2022; config `log_length_scaling`, per site): the logits are multiplied by
+log n, n the number of keys the query may attend to, by scaling the queries (`log_key_counts`), so SDPA keeps
+its fused kernel. It scales q · k (and, under Shaw, q · a^K), not an additive score bias.
+
 With the "none"/"sinusoidal"/"learned" encodings this is numerically `MarianAttention`.
 """
+
+import math
 
 import torch
 from torch import nn
@@ -16,6 +22,28 @@ from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from .base import VASWANI, Hyperparameter, PositionContext, TokenMixer, additive_mask, causal_mask
 from .mixer_base import GeluGating, cached_cross_attention_states, update_site_cache
+
+
+def log_key_counts(attention_mask, queries: int, keys: int, is_causal: bool, device) -> torch.Tensor:
+    """log n for every query, n the keys it may attend to (Chiang & Cholak 2022): (B|1, 1|H, q, 1) or (q, 1).
+
+    n is counted in the mask the mixer receives (SDPA: True where allowed; eager: the dtype's minimum where not,
+    0 or a folded bias elsewhere), so padded keys never count, whatever the positions are (SHAPE, randomized
+    positions).
+    Without a mask every key counts, or, causal, the keys up to the query: the queries are the last q of the k
+    keys, so query i sees k - q + i + 1 of them (a decoding step sees its cache and itself). n >= 1 always.
+    """
+    if attention_mask is not None:
+        if attention_mask.dtype == torch.bool:
+            allowed = attention_mask
+        else:
+            allowed = attention_mask > torch.finfo(attention_mask.dtype).min
+        counts = allowed.sum(dim=-1, keepdim=True)  # (B|1, 1|H, q, 1)
+    elif is_causal:
+        counts = torch.arange(keys - queries + 1, keys + 1, device=device)[:, None]  # (q, 1)
+    else:
+        return torch.full((1, 1), math.log(keys), device=device)  # (1, 1)
+    return counts.clamp(min=1).float().log()
 
 
 def eager_attention(module, query, key, value, attention_mask, scaling, dropout=0.0, **kwargs):
@@ -41,7 +69,19 @@ class ContentAttention(TokenMixer):
     hyperparameters = {
         "attention_gating": Hyperparameter(bool, False, "Eq. 4 gating of paper 2 on self-attention (Table 6)")
     }
-    variants = {"gated": {"attention_gating": True}}
+    # Sentence-aware positions (`sentence_end_token_ids`, sentence_positions.py) over sinusoids and over RoPE,
+    # whose decoder reads every cached key's in-sentence position; both with the cross-attention sentence bias.
+    variants = {
+        "gated": {"attention_gating": True},
+        "sentences": {"sentence_end_token_ids": [5, 11, 17, 23, 29], "sentence_cross_attention_bias": True},
+        "sentences-rope": {
+            "position_encoding": "rope",
+            "sentence_end_token_ids": [5, 11, 17, 23, 29],
+            "sentence_cross_attention_bias": True,
+        },
+    }
+    # Causality comes from the mask or the context's order, and the cross-attention mask may carry a bias.
+    supports_sentence_positions = True
 
     def __init__(self, config, site, layer_idx):
         super().__init__(config, site, layer_idx)
@@ -54,6 +94,7 @@ class ContentAttention(TokenMixer):
         # Paper 2 Table 6 gates self-attention only; cross-attention stays ungated.
         gated = config.attention_gating and not self.is_cross_attention
         self.gating = GeluGating(self.embed_dim) if gated else None
+        self.log_length_scaling = site in config.log_length_scaling
 
     def project(self, projection: nn.Linear, states, encoding) -> torch.Tensor:
         """`projection(states)`, with the encoding's weight mask for this layer when it sets one."""
@@ -100,6 +141,9 @@ class ContentAttention(TokenMixer):
                 query, key = encoding.rotate_queries_keys(self.layer_idx, query, key, context)
             key, value = update_site_cache(self, past_key_values, key, value)
 
+        if self.log_length_scaling:  # logits times log n, through the queries (B, H, q, Dh)
+            counts = log_key_counts(attention_mask, query.shape[2], key.shape[2], self.is_causal, query.device)
+            query = query * counts.to(query.dtype)
         dropout = self.dropout if self.training else 0.0
         if encoding is not None and encoding.has_custom_attention:
             output, weights = encoding.attend(

@@ -81,6 +81,7 @@ class PositionAttention(PositionMixer):
             "energies folded into per-layer tables (set by model.precompute_position_attention())",
         ),
     }
+    position_table_fields = ("max_position_embeddings",)
 
     def __init__(self, config, site, layer_idx):
         self.gated = config.position_attention_gating

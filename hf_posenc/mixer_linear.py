@@ -17,6 +17,7 @@ class LinearNet(PositionMixer):
     title = "LinearNet"
     reference = "paper 2 Eq. 13"
     citations = (PAPER_2,)
+    position_table_fields = ("max_position_embeddings",)
 
     def __init__(self, config, site, layer_idx):
         super().__init__(config, site, layer_idx)

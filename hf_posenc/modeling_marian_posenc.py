@@ -12,7 +12,8 @@ changes of structure and none of arithmetic:
 Positions are computed here, once per forward, and handed down: in the encoder from the padding mask (a
 token's position counts from the start of its own sequence), in the decoder from the number of cached
 positions; in training with `shape_max_shift` > 0 both are shifted by a random offset per sequence (SHAPE,
-`MarianPosEncStack.shape_offsets`). With `"sinusoidal"` + `"attention"` the model reproduces `MarianMTModel`
+`MarianPosEncStack.shape_offsets`), with `randomized_positions_max` > 0 replaced by sorted random draws
+(`MarianPosEncStack.randomized_positions`). With `"sinusoidal"` + `"attention"` the model reproduces `MarianMTModel`
 logits exactly; `from_marian` converts stock checkpoints.
 """
 
@@ -22,7 +23,7 @@ import math
 
 import torch
 from torch import nn
-from transformers import GenerationMixin, PreTrainedModel
+from transformers import GenerationMixin, LogitsProcessorList, PreTrainedModel
 from transformers import initialization as init
 from transformers.activations import ACT2FN
 from transformers.cache_utils import Cache, DynamicCache, EncoderDecoderCache
@@ -51,6 +52,12 @@ from .base import (
     with_score_mask,
 )
 from .configuration_marian_posenc import MarianPosEncConfig
+from .generation_length import (
+    LENGTH_CONTROL_DEFAULTS,
+    LengthControl,
+    length_control_processors,
+    loop_guard_ngram_size,
+)
 from .model_checks import CheckedLoading, check_num_items_in_batch, check_token_ids
 from .registry import POSITION_ENCODINGS, TOKEN_MIXERS
 
@@ -264,6 +271,35 @@ class MarianPosEncStack(MarianPosEncPreTrainedModel):
             return None
         return torch.randint(0, self.config.shape_max_shift + 1, (batch_size, 1), device=device)  # (B, 1)
 
+    def randomized_positions(self, positions: torch.Tensor, batch_size: int, past_length: int = 0):
+        """Randomized positional encodings (Ruoss et al. 2023, §3): in training, the n tokens of a sequence take
+        n sorted distinct positions drawn uniformly from {0, ..., L - 1}, L = `config.randomized_positions_max`,
+        instead of 0..n-1; None at inference or with L = 0. `positions` (B|1, T) are the plain ones.
+
+        Every sequence draws its own subset, and each stack draws for itself (called once per forward, like
+        `shape_offsets`). A row's n is its largest plain position + 1: a padded source's real tokens; the
+        decoder, which gets no padding mask in training, counts every row as T long, so a row of n < T real
+        tokens takes the first n of its T sorted draws. The draws cover one forward: a cached decode cannot be
+        continued in training mode (the draw for n + 1 tokens is not the draw for n extended). Padding takes the
+        position of the real token its plain position names. Returns (B, T).
+        """
+        draws = self.config.randomized_positions_max
+        if not (self.training and draws):
+            return None
+        length = positions.shape[-1]
+        if past_length or length > draws:
+            raise ValueError(
+                f"randomized positions (randomized_positions_max={draws}) draw the positions of a whole sequence "
+                f"in one training forward: got {length} new tokens after {past_length} cached ones; sequences "
+                f"must fit in {draws} positions, and a cached decode runs in eval mode (model.eval())."
+            )
+        keys = torch.rand(batch_size, draws, device=positions.device)  # (B, L)
+        chosen = keys.argsort(dim=-1)[:, :length]  # (B, T): a uniform random T-subset of 0..L-1, unsorted
+        counts = positions.amax(dim=-1, keepdim=True) + 1  # (B|1, 1): a row's real tokens
+        ranks = torch.arange(length, device=positions.device)  # (T,)
+        chosen = chosen.masked_fill(ranks >= counts, draws).sort(dim=-1).values  # (B, T): a row's n draws first
+        return chosen.gather(-1, positions.expand(batch_size, -1))  # (B, T)
+
     def run_layers(
         self, hidden_states, layer_args: tuple, output_attentions, output_hidden_states, **layer_kwargs
     ):
@@ -322,6 +358,9 @@ class MarianPosEncEncoder(MarianPosEncStack):
         if offsets is not None:  # SHAPE: bounded by the largest shift, so a short table fails on every batch
             position_ids = position_ids + offsets  # (B, L)
             span = (0, length - 1 + self.config.shape_max_shift)
+        randomized = self.randomized_positions(position_ids, inputs_embeds.shape[0])
+        if randomized is not None:  # bounded by L, so a table shorter than L fails on every training batch
+            position_ids, span = randomized, (0, self.config.randomized_positions_max - 1)  # (B, L)
         context = PositionContext(self.position_encoding, position_ids, position_ids, span, span)
         hidden_states = self.position_encoding.embed(inputs_embeds, context, attention_mask, None)
         hidden_states = nn.functional.dropout(hidden_states, p=self.dropout, training=self.training)
@@ -409,6 +448,10 @@ class MarianPosEncDecoder(MarianPosEncStack):
             self.position_encoding, query_positions, key_positions, query_span, (0, last)
         )
         cross_context = PositionContext(None, query_positions, source_positions, query_span, source_span)
+        randomized = self.randomized_positions(key_positions, batch_size, past_length)
+        if randomized is not None:  # self-attention and embeddings only: cross-attention keeps plain positions
+            span = (0, self.config.randomized_positions_max - 1)
+            self_context = PositionContext(self.position_encoding, randomized, randomized, span, span)
         score_mask = stack_score_mask(self.position_encoding, causal_mask, self_context, is_causal=True)
         hidden_states = self.position_encoding.embed(inputs_embeds, self_context, None, past_key_values)
         hidden_states = nn.functional.dropout(hidden_states, p=self.dropout, training=self.training)
@@ -535,6 +578,11 @@ class MarianPosEncForConditionalGeneration(MarianPosEncPreTrainedModel, Generati
         # Paper 1's evaluation setting: beam 4, length penalty 0.6, up to source length + 50 new tokens.
         self.generation_config.update(**PAPER_1_DECODING, bad_words_ids=[[config.pad_token_id]])
         self.generation_config.max_new_tokens_over_source = MAX_NEW_TOKENS_OVER_SOURCE
+        for (
+            key,
+            default,
+        ) in LENGTH_CONTROL_DEFAULTS.items():  # off; `generate` reads them (generation_length.py)
+            setattr(self.generation_config, key, default)
         self.generation_config._from_model_config = False  # a deliberate config: keep it on save/load
 
     def save_pretrained(self, *args, **kwargs):
@@ -581,9 +629,11 @@ class MarianPosEncForConditionalGeneration(MarianPosEncPreTrainedModel, Generati
             if model_kwargs.get(name) is not None:
                 model_kwargs[name] = as_posenc_cache(model_kwargs[name], self.config)
 
-    def generate(self, inputs=None, generation_config=None, **kwargs):
+    def generate(self, inputs=None, generation_config=None, logits_processor=None, **kwargs):
         """`GenerationMixin.generate`; unless a length is given, allows source length + N new tokens, with N
-        from the generation config's `max_new_tokens_over_source` (50, paper 1)."""
+        from the generation config's `max_new_tokens_over_source` (50, paper 1); adds the source-tied length
+        control of the generation config or of the keyword arguments (`generation_length.py`: `min_length_ratio`,
+        `word_reward`, `match_source_sentence_count` with `sentence_end_token_ids`, and the loop guard)."""
         settings = generation_config or self.generation_config
         num_beams = kwargs.get("num_beams", settings.num_beams)
         if num_beams is not None and num_beams < 1:
@@ -596,7 +646,32 @@ class MarianPosEncForConditionalGeneration(MarianPosEncPreTrainedModel, Generati
             and not {"max_new_tokens", "max_length"} & kwargs.keys()
         ):
             kwargs["max_new_tokens"] = source.shape[-1] + over_source
-        return super().generate(inputs, generation_config=generation_config, **kwargs)
+        control = LengthControl.from_settings(settings, kwargs, self.config.vocab_size)
+        if control.active:
+            logits_processor = self.length_control(control, settings, source, logits_processor, kwargs)
+        return super().generate(
+            inputs, generation_config=generation_config, logits_processor=logits_processor, **kwargs
+        )
+
+    def length_control(self, control, settings, source, logits_processor, kwargs) -> LogitsProcessorList:
+        """`logits_processor` with the processors of `control` for the batch `source` appended; sets the loop
+        guard's `no_repeat_ngram_size` in `kwargs` where neither `kwargs` nor `settings` set it."""
+        if source is None or source.dtype.is_floating_point:
+            raise ValueError(
+                "length control (min_length_ratio, word_reward, match_source_sentence_count) needs the source "
+                "token ids: pass input_ids, not inputs_embeds"
+            )
+        ngram = kwargs.get("no_repeat_ngram_size", settings.no_repeat_ngram_size)
+        kwargs["no_repeat_ngram_size"] = loop_guard_ngram_size(control, ngram)
+        mask = kwargs.get("attention_mask")
+        mask = mask if mask is not None else source != self.config.pad_token_id  # (B, S)
+        eos = kwargs.get("eos_token_id", settings.eos_token_id)
+        eos = [i for i in (eos if isinstance(eos, (list, tuple)) else [eos]) if i is not None and i >= 0]
+        prompt = kwargs.get("decoder_input_ids")
+        processors = length_control_processors(
+            control, source, mask, eos, prompt_length=1 if prompt is None else prompt.shape[-1]
+        )
+        return LogitsProcessorList([*(logits_processor or []), *processors])
 
     @can_return_tuple
     def forward(

@@ -55,6 +55,7 @@ class SinusoidalPositionEncoding(PositionEncoding):
     title = "SAPE (sinusoidal)"
     reference = "Vaswani et al. 2017; paper 1 Eq. 6 (SAPE)"
     citations = (VASWANI, PAPER_1)
+    position_table_fields = ("max_position_embeddings",)
 
     def __init__(self, config, stack):
         super().__init__(config, stack)
@@ -77,9 +78,14 @@ class LearnedPositionEncoding(PositionEncoding):
     title = "LAPE (learned)"
     reference = "Gehring et al. 2017; paper 1 Eq. 6 (LAPE)"
     citations = ("Gehring et al. 2017. Convolutional Sequence to Sequence Learning. ICML.", PAPER_1)
-    # SHAPE (`shape_max_shift`, a training option of the model) with the table it most affects: training
-    # positions reach length + K.
-    variants = {"decoder-none": {"decoder_position_encoding": "none"}, "shape": {"shape_max_shift": 8}}
+    # SHAPE (`shape_max_shift`) and randomized positions (`randomized_positions_max`), training options of the
+    # model, with the table they most affect: training positions reach length + K, and L - 1.
+    variants = {
+        "decoder-none": {"decoder_position_encoding": "none"},
+        "shape": {"shape_max_shift": 8},
+        "randomized": {"randomized_positions_max": 48},
+    }
+    position_table_fields = ("max_position_embeddings",)
 
     def __init__(self, config, stack):
         super().__init__(config, stack)

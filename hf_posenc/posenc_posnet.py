@@ -208,6 +208,7 @@ class PosNetEmbedding(PositionEncoding):
             int | None, None, "L of the kernel table Φ; None: max_position_embeddings", minimum=1
         ),
     }
+    position_table_fields = ("posnet_embed_max_positions", "max_position_embeddings")
     variants = {
         "separate-stacks": {"posnet_shared": False},
         "decoder-only": {"encoder_position_encoding": "sinusoidal"},
@@ -327,6 +328,7 @@ class PosNetAttention(PositionEncoding):
             int | None, None, "L of the kernel table; None: max_position_embeddings", minimum=1
         ),
     }
+    position_table_fields = ("posnet_attn_max_positions", "max_position_embeddings")
     variants = {
         "per-head-dropout": {"posnet_attn_per_head": True, "posnet_dropout": 0.1},
         "per-layer-dropout": {"posnet_attn_share_layers": False, "posnet_dropout": 0.1},

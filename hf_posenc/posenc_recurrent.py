@@ -344,6 +344,10 @@ class RecurrentPositionEncoding(PositionEncoding):
     name: str
     #: The paper's best d_r for this layout in the base model (Sec. 4.2, Fig. 2).
     paper_rpe_dim: int
+    position_table_fields = ("max_position_embeddings",)  # P's sinusoid table
+    # The RNN counts tokens itself and the decoder resumes it at the first query position: positions that
+    # restart at each sentence would only change P's sinusoid and break the resumption.
+    supports_sentence_positions = False
 
     citations = (PAPER_3, LEI_2018)
     hyperparameters = {

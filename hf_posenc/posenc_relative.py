@@ -250,6 +250,9 @@ class ShawRelativePositionEncoding(PositionEncoding):
     }
     variants = {"short-range-decoder": {"encoder_position_encoding": "t5_bias", **SHORT_RANGE}}
     has_custom_attention = True
+    # Its distances come from the token indices of the score grid, not from the context's positions: positions
+    # restarting at each sentence would be ignored.
+    supports_sentence_positions = False
 
     def __init__(self, config, stack):
         super().__init__(config, stack)

@@ -6,12 +6,15 @@ from pathlib import Path
 import pytest
 import torch
 
-from hf_posenc.pipeline.data import DATA_ROOT
+from hf_posenc.pipeline.data.files import DATA_ROOT_VARIABLE, data_root
 
 torch.set_num_threads(int(os.environ.get("HF_POSENC_TEST_THREADS", "2")))
 
 REPO = Path(__file__).resolve().parents[1]
-DATA_DIR = DATA_ROOT / "multi30k"  # the shipped data: ../shared/data beside the checkout, or $HF_POSENC_DATA
+# The shipped data: $HF_POSENC_DATA, else ../shared/data beside the checkout (set here for the tests' own
+# subprocesses too, as the Makefile sets it for its commands).
+os.environ.setdefault(DATA_ROOT_VARIABLE, str(REPO.parent / "shared" / "data"))
+DATA_DIR = data_root() / "multi30k"
 
 PAD, EOS, VOCAB = 0, 1, 60
 

@@ -11,11 +11,12 @@ import torch
 from conftest import DATA_DIR, source_batch, tiny_model, tiny_run_flags
 
 from hf_posenc import MarianPosEncConfig
-from hf_posenc.pipeline import arguments, resume, run
-from hf_posenc.pipeline.averaging import average_state_dicts, select_checkpoints
-from hf_posenc.pipeline.data import read_lines
-from hf_posenc.pipeline.evaluation import load_translation_model, paired_bootstrap
-from hf_posenc.pipeline.training import TimeBudgetCallback
+from hf_posenc.pipeline.data.files import read_lines
+from hf_posenc.pipeline.evaluation.decoding import load_translation_model
+from hf_posenc.pipeline.evaluation.scoring import paired_bootstrap
+from hf_posenc.pipeline.training import arguments, resume, run
+from hf_posenc.pipeline.training.averaging import average_state_dicts, select_checkpoints
+from hf_posenc.pipeline.training.trainer import TimeBudgetCallback
 
 # train.py flags whose value alone is wrong: refused by the parser (exit 2) with these words.
 BAD_FLAGS = [

@@ -9,7 +9,8 @@ from importlib.metadata import distribution
 import pytest
 from conftest import REPO
 
-from hf_posenc.pipeline import arguments
+from hf_posenc.pipeline.data.files import data_root
+from hf_posenc.pipeline.training import arguments
 
 
 def console_commands() -> dict[str, str]:
@@ -44,7 +45,7 @@ def test_a_recipe_file_extends_a_named_recipe_and_its_data_paths_are_under_the_d
     )
     args = arguments.parse_args(["--recipe", str(recipe), "--test_target", "my/test.de"])
     assert args.model.d_model == 64 and args.data.vocab_size == 6000  # from the recipe, then the tiny one
-    assert args.data.test_source == str(arguments.DATA_ROOT / "wmt14" / "newstest2014.en-de.en.gz")
+    assert args.data.test_source == str(data_root() / "wmt14" / "newstest2014.en-de.en.gz")
     assert args.data.test_target == "my/test.de"  # a command-line path stays relative to the current folder
     assert args.training.output_dir == "outputs/mine-sinusoidal"
 
@@ -96,3 +97,19 @@ def test_a_file_of_flags_that_is_not_a_mapping_is_refused(tmp_path, capsys):
     path.write_text("[1, 2]")
     with pytest.raises(ValueError, match="must hold a mapping of flags, got a list"):
         arguments.parse_args([str(path)])
+
+
+def test_without_a_data_root_a_recipe_names_its_path_the_flag_and_the_variable(monkeypatch, capsys):
+    monkeypatch.delenv("HF_POSENC_DATA")
+    with pytest.raises(SystemExit):
+        arguments.parse_args(["--recipe", "multi30k-en-de-tiny"])
+    error = capsys.readouterr().err
+    assert "data_dir=multi30k" in error and "--data_root DIR" in error and "HF_POSENC_DATA=DIR" in error
+
+
+def test_the_data_root_flag_wins_over_the_variable_and_command_line_paths_need_none(tmp_path, monkeypatch):
+    args = arguments.parse_args(["--recipe", "multi30k-en-de-tiny", "--data_root", str(tmp_path)])
+    assert args.data.data_dir == str(tmp_path / "multi30k")
+    monkeypatch.delenv("HF_POSENC_DATA")
+    args = arguments.parse_args(["--recipe", "multi30k-en-de-tiny", "--data_dir", "mine"])
+    assert args.data.data_dir == "mine"

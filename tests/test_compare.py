@@ -1,4 +1,4 @@
-"""`make compare` (`hf_posenc.study`): every system of the comparison tables is a valid training command, runs
+"""`make compare` (`study`): every system of the comparison tables is a valid training command, runs
 are planned seed by seed, a tiny real comparison writes the tracked results and the report (scores,
 significance, length generalisation, claims, probe, the k > 1 translations) and resumes, verdicts need seed
 noise as well as significance, runs are marked by how they were made, and a results folder or file the report
@@ -14,11 +14,11 @@ import sys
 import pytest
 from conftest import REPO
 
-from hf_posenc.pipeline import arguments
-from hf_posenc.pipeline.hardware import Hardware
-from hf_posenc.pipeline.systems import paper_deviations
-from hf_posenc.study import claims, cli, readme, report, runs, tables
-from hf_posenc.study.results import check_results, precisions
+from hf_posenc.pipeline.export.model_card import paper_deviations
+from hf_posenc.pipeline.training import arguments
+from hf_posenc.pipeline.training.hardware import Hardware
+from study import claims, cli, readme, report, runs, tables
+from study.results import check_results, precisions
 
 TEST_PAIRS = 1000  # test_2016_flickr: the README's summary compares systems on it
 MACHINE = Hardware("cpu", "a test machine", "AVX2", 1, "2.13.0+cpu")
@@ -197,7 +197,7 @@ def test_tiny_real_comparison_writes_results_and_report_and_resumes(tmp_path, ca
     page_path.write_text(page_path.read_text() + "Reading of the numbers, by hand.\n")
     scores_written = (results / "scores.json").stat().st_mtime
     caplog.clear()
-    caplog.set_level(logging.INFO, logger="hf_posenc.study")
+    caplog.set_level(logging.INFO, logger="study")
     cli.main(flags)
     assert (results / "scores.json").stat().st_mtime == scores_written
     assert "none seed 1 en-de: done before" in caplog.text

@@ -1,6 +1,6 @@
 """The conformance suite every positional module passes.
 
-Variants come from the registries (`hf_posenc.pipeline.systems.conformance_variants`): every position
+Variants come from the registries (`benchmarks.systems.conformance_variants`): every position
 encoding in both stacks, every token mixer at every site it allows, and every option set a module class lists
 in its `variants`. A new registry name or variant is tested without touching this file.
 """
@@ -15,8 +15,8 @@ import torch
 from conftest import PAD, VOCAB, decode_with_cache, source_batch, target_batch, tiny_model
 
 import hf_posenc.modeling_marian_posenc
+from benchmarks.systems import conformance_variants
 from hf_posenc import POSITION_ENCODINGS, TOKEN_MIXERS
-from hf_posenc.pipeline.systems import conformance_variants
 
 VARIANTS = conformance_variants()
 VARIANT_IDS = [variant_id for variant_id, _ in VARIANTS]

@@ -13,13 +13,14 @@ import pytest
 from accelerate import skip_first_batches
 from torch.utils.data import DataLoader
 
-from hf_posenc.pipeline import arguments, corpus, run
-from hf_posenc.pipeline.augmentation import concatenate_consecutive
-from hf_posenc.pipeline.batching import TokenBudgetBatchSampler
-from hf_posenc.pipeline.corpus import CorpusSettings, file_source, prepare_training_corpus
-from hf_posenc.pipeline.data import ParallelText
-from hf_posenc.pipeline.tokenization import load_tokenizer, train_joint_bpe
-from hf_posenc.pipeline.training import tokenize_parallel
+from hf_posenc.pipeline.data import corpus
+from hf_posenc.pipeline.data.augmentation import concatenate_consecutive
+from hf_posenc.pipeline.data.batching import TokenBudgetBatchSampler
+from hf_posenc.pipeline.data.corpus import CorpusSettings, file_source, prepare_training_corpus
+from hf_posenc.pipeline.data.files import ParallelText
+from hf_posenc.pipeline.data.tokenization import load_tokenizer, train_joint_bpe
+from hf_posenc.pipeline.training import arguments, run
+from hf_posenc.pipeline.training.trainer import tokenize_parallel
 
 WORDS = "the a dog cat runs sits on red blue small big house tree".split()
 WÖRTER = "der die ein hund katze läuft sitzt auf rot blau klein groß haus baum".split()

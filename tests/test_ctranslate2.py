@@ -18,8 +18,12 @@ from conftest import DATA_DIR, REPO, TINY_FIELDS, tiny_config
 
 ctranslate2 = pytest.importorskip("ctranslate2")
 
+from benchmarks.systems import conformance_variants  # noqa: E402
 from hf_posenc import MarianPosEncConfig, MarianPosEncForConditionalGeneration  # noqa: E402
-from hf_posenc.pipeline.ctranslate2 import (  # noqa: E402
+from hf_posenc.pipeline.data.tokenization import train_joint_bpe  # noqa: E402
+from hf_posenc.pipeline.evaluation.command import evaluate_main  # noqa: E402
+from hf_posenc.pipeline.evaluation.decoding import translate  # noqa: E402
+from hf_posenc.pipeline.export.ctranslate2 import (  # noqa: E402
     EXPORT_INFO,
     EXPORTABLE_ENCODINGS,
     QUANTIZATIONS,
@@ -32,10 +36,6 @@ from hf_posenc.pipeline.ctranslate2 import (  # noqa: E402
     is_ctranslate2_folder,
     main,
 )
-from hf_posenc.pipeline.evaluation import translate  # noqa: E402
-from hf_posenc.pipeline.systems import conformance_variants  # noqa: E402
-from hf_posenc.pipeline.tokenization import train_joint_bpe  # noqa: E402
-from hf_posenc.pipeline.tools import evaluate_main  # noqa: E402
 
 EOS = TINY_FIELDS["eos_token_id"]
 BPE_SENTENCES, BPE_VOCAB = 200, 300  # a few Multi30k sentences per language, a small joint vocabulary
@@ -352,7 +352,7 @@ def test_evaluate_translation_scores_an_export_as_it_scores_the_model(model_fold
 
 
 def test_translate_ctranslate2_equals_evaluation_translate_on_the_trained_model(model_folder, sentences):
-    from hf_posenc.pipeline.evaluation import load_translation_model
+    from hf_posenc.pipeline.evaluation.decoding import load_translation_model
 
     model, tokenizer = load_translation_model(model_folder)
     export_dir = model_folder.parent / "ct2-translate"

@@ -6,10 +6,10 @@ import gzip
 import pytest
 from transformers import AutoTokenizer
 
-from hf_posenc.pipeline.batching import TokenBudgetBatchSampler, random_batches_padding_ratio
-from hf_posenc.pipeline.data import read_parallel, read_split
-from hf_posenc.pipeline.tokenization import train_joint_bpe
-from hf_posenc.pipeline.training import tokenize_parallel
+from hf_posenc.pipeline.data.batching import TokenBudgetBatchSampler, random_batches_padding_ratio
+from hf_posenc.pipeline.data.files import read_parallel, read_split
+from hf_posenc.pipeline.data.tokenization import train_joint_bpe
+from hf_posenc.pipeline.training.trainer import tokenize_parallel
 
 
 def write(path, lines, compressed=False):

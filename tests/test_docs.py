@@ -1,7 +1,7 @@
 """The tables docs/ derives from the code (recipes, module hyperparameters) are current: a recipe or a
 hyperparameter that changes without `make docs` fails here."""
 
-from hf_posenc.pipeline import reference_tables
+from tools import reference_tables
 
 
 def test_generated_doc_tables_match_the_code(capsys):

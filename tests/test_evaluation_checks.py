@@ -1,5 +1,5 @@
 """Decoding shows its progress without changing its output, takes texts or token ids alike, and a finished
-run's garbage output is named as such with its likely causes (hf_posenc/pipeline/evaluation.py); sacreBLEU
+run's garbage output is named as such with its likely causes (hf_posenc/pipeline/evaluation/scoring.py); sacreBLEU
 scores a corpus in one place."""
 
 import copy
@@ -11,13 +11,9 @@ import pytest
 import torch
 from conftest import REPO, tiny_model
 
-from hf_posenc.pipeline.evaluation import (
-    COLLAPSED_ENCODER,
-    degenerate_output,
-    encoder_token_cosine,
-    translate,
-)
-from hf_posenc.pipeline.tokenization import train_joint_bpe
+from hf_posenc.pipeline.data.tokenization import train_joint_bpe
+from hf_posenc.pipeline.evaluation.decoding import translate
+from hf_posenc.pipeline.evaluation.scoring import COLLAPSED_ENCODER, degenerate_output, encoder_token_cosine
 
 GOOD_RUN = [f"{n} Männer fahren Fahrrad." for n in range(120)]
 
@@ -89,7 +85,7 @@ def test_decoding_progress_is_logged_off_a_terminal_without_changing_the_transla
     model_and_tokenizer, caplog
 ):
     model, tokenizer = model_and_tokenizer
-    caplog.set_level(logging.INFO, logger="hf_posenc.pipeline.progress")
+    caplog.set_level(logging.INFO, logger="hf_posenc.pipeline.training.progress")
     kwargs = dict(batch_size=2, num_beams=1, max_new_tokens=4)
     logged = translate(
         model, tokenizer, SOURCES, progress_every_seconds=0, progress_stream=io.StringIO(), **kwargs
@@ -184,5 +180,5 @@ def test_sacrebleu_scores_a_corpus_in_one_place():
         for number, line in enumerate(path.read_text().splitlines(), start=1):
             if scoring.search(line):
                 places.append(f"{path.relative_to(REPO)}:{number}")
-    assert len(places) == 1 and places[0].startswith("hf_posenc/pipeline/evaluation.py:"), places
+    assert len(places) == 1 and places[0].startswith("hf_posenc/pipeline/evaluation/scoring.py:"), places
     assert not (REPO / "train_scripts" / "metrics").exists()

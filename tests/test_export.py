@@ -8,9 +8,14 @@ from types import SimpleNamespace
 import pytest
 from conftest import DATA_DIR, tiny_run_flags
 
-from hf_posenc.pipeline import arguments, run
-from hf_posenc.pipeline.export import check_output_folders, copy_training_logs, push_to_hub, write_run_folder
-from hf_posenc.pipeline.training import TranslationTrainer
+from hf_posenc.pipeline.export.run_folder import (
+    check_output_folders,
+    copy_training_logs,
+    push_to_hub,
+    write_run_folder,
+)
+from hf_posenc.pipeline.training import arguments, run
+from hf_posenc.pipeline.training.trainer import TranslationTrainer
 
 
 def hub_fields(**fields):

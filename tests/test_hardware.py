@@ -1,5 +1,5 @@
 """Precision and attention-backend choice by measurement, the MFU peak and FLOP count
-(hf_posenc/pipeline/hardware.py).
+(hf_posenc/pipeline/training/hardware.py).
 
 The choosers take their timers as arguments, so both kinds of CPU are simulated here: one emulating bf16
 (~500x slower per FLOP than fp32, as on AVX2-only CPUs) and one with bf16 units. A few tests time the real
@@ -18,8 +18,8 @@ import pytest
 import torch
 from conftest import tiny_model
 
-from hf_posenc.pipeline import hardware
-from hf_posenc.pipeline.hardware import (
+from hf_posenc.pipeline.training import hardware
+from hf_posenc.pipeline.training.hardware import (
     BF16_MIN_SPEEDUP,
     SCOUT_FLOPS,
     busy_share,
@@ -238,7 +238,7 @@ def test_torch_compile_on_the_cpu_without_a_compiler_is_refused_before_any_work(
 # larger because torch asks for aligned memory: a block the size of its own freed one may not fit in it.)
 FAULTS = """
 import json, resource, sys, torch
-from hf_posenc.pipeline.hardware import keep_freed_memory
+from hf_posenc.pipeline.training.hardware import keep_freed_memory
 applied = sys.argv[1] == "reuse" and keep_freed_memory("cpu")
 def faults_of_a_fresh_tensor(mib):
     before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt

@@ -30,8 +30,8 @@ from hf_posenc.analysis.length_generalisation import (
     sentence_ends,
 )
 from hf_posenc.base import PositionLimitError
-from hf_posenc.pipeline.augmentation import concatenate_consecutive
-from hf_posenc.pipeline.data import ParallelText
+from hf_posenc.pipeline.data.augmentation import concatenate_consecutive
+from hf_posenc.pipeline.data.files import ParallelText
 
 WORDS = "a man woman dog cat runs sits on the green red grass near old house while children play".split()
 

@@ -7,7 +7,7 @@ from conftest import tiny_model
 from huggingface_hub import ModelCard
 
 from hf_posenc import POSITION_ENCODINGS, TOKEN_MIXERS
-from hf_posenc.pipeline.model_card import LIBRARY_BIBTEX, bibtex, dataset_of, write_model_card
+from hf_posenc.pipeline.export.model_card import LIBRARY_BIBTEX, bibtex, dataset_of, write_model_card
 
 SCORES = {
     "bleu": 31.2,

@@ -11,7 +11,7 @@ import sys
 import pytest
 from conftest import DATA_DIR, REPO, tiny_run_flags
 
-from hf_posenc.pipeline import arguments
+from hf_posenc.pipeline.training import arguments
 
 pytestmark = pytest.mark.skipif(not DATA_DIR.is_dir(), reason="shared data folder absent")
 

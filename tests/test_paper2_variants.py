@@ -16,7 +16,7 @@ from hf_posenc.base import (
 )
 from hf_posenc.mixer_lightconv import LightConv
 from hf_posenc.mixer_relative import RelativeAttention
-from hf_posenc.study.tables import comparison_tables
+from study.tables import comparison_tables
 
 D, H, DH = 32, 4, 8  # conftest.TINY_FIELDS
 gelu = torch.nn.functional.gelu

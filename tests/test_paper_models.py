@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from hf_posenc import MarianPosEncForConditionalGeneration
-from hf_posenc.pipeline import arguments
+from hf_posenc.pipeline.training import arguments
 
 # Paper 1 Table 1 (En-De column, millions): SAPE 63.08, and each row's count. The RPE row (63.37, "following
 # Shaw et al.") is not reproduced: see test_rpe_is_shaws_base_configuration.

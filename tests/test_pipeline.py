@@ -18,11 +18,11 @@ from conftest import REPO, tiny_model
 from safetensors.torch import load_file
 from trainer_probe import build_trainer  # noqa: E402
 
-from hf_posenc.pipeline import arguments, run
-from hf_posenc.pipeline.averaging import average_state_dicts, select_checkpoints  # noqa: E402
-from hf_posenc.pipeline.data import parallel_from_translation_dataset, read_lines  # noqa: E402
-from hf_posenc.pipeline.evaluation import ngram_sweep, paired_bootstrap, plot_ngram_sweep  # noqa: E402
-from hf_posenc.pipeline.tools import average_main, evaluate_main
+from hf_posenc.pipeline.data.files import parallel_from_translation_dataset, read_lines  # noqa: E402
+from hf_posenc.pipeline.evaluation.command import evaluate_main
+from hf_posenc.pipeline.evaluation.scoring import ngram_sweep, paired_bootstrap, plot_ngram_sweep  # noqa: E402
+from hf_posenc.pipeline.training import arguments, run
+from hf_posenc.pipeline.training.averaging import average_main, average_state_dicts, select_checkpoints  # noqa: E402
 
 PROBE = REPO / "tests" / "trainer_probe.py"
 
@@ -170,7 +170,7 @@ def test_checkpoint_averaging_last_and_best_rules(tmp_path):
 def test_average_checkpoints_script_writes_a_loadable_folder(tmp_path, multi30k_dir):
     from transformers import AutoModelForSeq2SeqLM
 
-    from hf_posenc.pipeline.tokenization import train_joint_bpe
+    from hf_posenc.pipeline.data.tokenization import train_joint_bpe
 
     tokenizer = train_joint_bpe(["a b c", "d e f"], vocab_size=40)
     losses = {1: 2.0, 2: 1.0}
@@ -189,7 +189,7 @@ def test_average_checkpoints_script_writes_a_loadable_folder(tmp_path, multi30k_
 
 
 def test_paired_bootstrap_marks_a_clearly_better_system(multi30k_dir):
-    from hf_posenc.pipeline.data import read_split
+    from hf_posenc.pipeline.data.files import read_split
 
     test = read_split(multi30k_dir, "test_2016_flickr", "en", "de", limit=200)
     good = test.target
@@ -207,7 +207,7 @@ def test_paired_bootstrap_marks_a_clearly_better_system(multi30k_dir):
 
 
 def test_ngram_sweep_grows_with_order_for_word_order_damage(multi30k_dir, tmp_path):
-    from hf_posenc.pipeline.data import read_split
+    from hf_posenc.pipeline.data.files import read_split
 
     test = read_split(multi30k_dir, "test_2016_flickr", "en", "de", limit=100)
     shuffled = [" ".join(line.split()[::-1]) for line in test.target]
@@ -220,7 +220,7 @@ def test_ngram_sweep_grows_with_order_for_word_order_damage(multi30k_dir, tmp_pa
 
 
 def test_evaluate_translation_script_decodes_scores_and_compares(multi30k_dir, tmp_path):
-    from hf_posenc.pipeline.tokenization import train_joint_bpe
+    from hf_posenc.pipeline.data.tokenization import train_joint_bpe
 
     folder = tmp_path / "model"
     model = tiny_model(max_position_embeddings=256)  # test sentences + 50 new tokens fit the table

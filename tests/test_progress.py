@@ -1,4 +1,4 @@
-"""Training progress and the budget check (hf_posenc/pipeline/progress.py), driven with a fake Trainer state
+"""Training progress and the budget check (hf_posenc/pipeline/training/progress.py), driven with a fake Trainer state
 and clock: a budget shows minutes, logs off a terminal are plain lines, and too slow updates warn loudly."""
 
 import io
@@ -7,8 +7,8 @@ import logging
 import pytest
 from transformers import TrainerControl, TrainerState, TrainingArguments
 
-from hf_posenc.pipeline.hardware import Hardware
-from hf_posenc.pipeline.progress import TrainingProgressCallback, UpdateBudgetCheck
+from hf_posenc.pipeline.training.hardware import Hardware
+from hf_posenc.pipeline.training.progress import TrainingProgressCallback, UpdateBudgetCheck
 
 ARGS = TrainingArguments(output_dir="unused", report_to="none")
 AVX2_MACHINE = Hardware("cpu", "Intel Xeon (AVX2 only)", "AVX2", 2, "2.13.0+cpu")
@@ -92,7 +92,7 @@ def test_without_a_budget_the_bar_shows_updates_of_max_steps():
 
 
 def test_off_a_terminal_progress_is_plain_log_lines_every_n_seconds(caplog):
-    caplog.set_level(logging.INFO, logger="hf_posenc.pipeline.progress")
+    caplog.set_level(logging.INFO, logger="hf_posenc.pipeline.training.progress")
     stream = io.StringIO()
     run, _ = progress_run(minutes=16, stream=stream, every_seconds=30)
     for _ in range(10):
@@ -108,7 +108,7 @@ def test_off_a_terminal_progress_is_plain_log_lines_every_n_seconds(caplog):
 
 
 def test_disable_tqdm_gives_log_lines_on_a_terminal_too(caplog):
-    caplog.set_level(logging.INFO, logger="hf_posenc.pipeline.progress")
+    caplog.set_level(logging.INFO, logger="hf_posenc.pipeline.training.progress")
     terminal = Terminal()
     progress = TrainingProgressCallback(LabelTokens(), 16, 30.0, terminal, clock=FakeClock())
     run = Run([progress])
@@ -124,7 +124,7 @@ def test_disable_tqdm_gives_log_lines_on_a_terminal_too(caplog):
 
 
 def test_evaluation_results_are_written_as_lines(caplog):
-    caplog.set_level(logging.INFO, logger="hf_posenc.pipeline.progress")
+    caplog.set_level(logging.INFO, logger="hf_posenc.pipeline.training.progress")
     run, progress = progress_run(minutes=16, stream=io.StringIO())
     progress.on_log(ARGS, run.state, run.control, logs={"eval_loss": 2.3456789, "total_flos": 1e12})
     assert [record.getMessage() for record in caplog.records] == ["training: eval_loss 2.346"]

@@ -14,7 +14,7 @@ from benchmarks.harness import MODEL_SIZES
 from hf_posenc import MarianPosEncConfig, MarianPosEncForConditionalGeneration, PosEncCache
 from hf_posenc.base import PositionContext
 from hf_posenc.posenc_recurrent import CELLS, RECURRENCES, MPRHeadPositionEncoding, RPEHeadPositionEncoding
-from hf_posenc.study.tables import comparison_tables
+from study.tables import comparison_tables
 
 LAYOUTS = {"rpe_head": RPEHeadPositionEncoding, "mpr_head": MPRHeadPositionEncoding}
 

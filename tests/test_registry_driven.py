@@ -47,9 +47,10 @@ CHECK = textwrap.dedent(
     import hf_posenc
     from hf_posenc import MarianPosEncConfig, MarianPosEncForConditionalGeneration
     from hf_posenc.analysis.position_plots import position_panels
-    from hf_posenc.pipeline.model_card import module_sources
-    from hf_posenc.pipeline.systems import benchmark_systems, conformance_variants, paper_deviations
-    from hf_posenc.study.tables import comparison_tables
+    from hf_posenc.pipeline.export.model_card import module_sources
+    from benchmarks.systems import benchmark_systems, conformance_variants
+    from hf_posenc.pipeline.export.model_card import paper_deviations
+    from study.tables import comparison_tables
 
     config = MarianPosEncConfig(position_encoding="toy", toy_scale=0.25, vocab_size=20, d_model=16, encoder_layers=1,
                                 decoder_layers=1, encoder_attention_heads=2, decoder_attention_heads=2,
@@ -97,7 +98,7 @@ def test_a_toy_module_added_by_its_file_and_registry_entry_appears_everywhere(tm
         capture_output=True,
         text=True,
         timeout=300,
-        env={**os.environ, "PYTHONPATH": str(tmp_path)},
+        env={**os.environ, "PYTHONPATH": f"{tmp_path}{os.pathsep}{REPO}"},  # the copy first, then benchmarks/
         cwd=tmp_path,
     )
     assert completed.returncode == 0, completed.stderr[-3000:]

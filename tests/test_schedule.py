@@ -1,4 +1,4 @@
-"""The learning-rate plan for a time budget (pipeline/schedule.py), driven by a fake clock: fast, slow and
+"""The learning-rate plan for a time budget (pipeline/training/schedule.py), driven by a fake clock: fast, slow and
 changing speeds, continuity when re-planned, the checkpoint spacing that follows the plan, and resume."""
 
 import json
@@ -8,8 +8,8 @@ import pytest
 import torch
 from conftest import DATA_DIR, tiny_run_flags
 
-from hf_posenc.pipeline import arguments, run
-from hf_posenc.pipeline.schedule import BudgetSchedule, SchedulePlan
+from hf_posenc.pipeline.training import arguments, run
+from hf_posenc.pipeline.training.schedule import BudgetSchedule, SchedulePlan
 
 
 class FakeRun:

@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 
 from hf_posenc.analysis.length_generalisation import join_consecutive
-from hf_posenc.pipeline.hardware import Hardware
-from hf_posenc.study import cli, extrapolation, runs
-from hf_posenc.study.bootstrap import sentence_statistics
-from hf_posenc.study.results import Results
+from hf_posenc.pipeline.training.hardware import Hardware
+from study import cli, extrapolation, runs
+from study.bootstrap import sentence_statistics
+from study.results import Results
 
 TEST_LIMIT = 32  # 4 groups of 8 sentences at k = 8, 2 inputs of 16 at k = 16
 

@@ -13,12 +13,12 @@ import torch
 from conftest import tiny_model
 
 from hf_posenc.analysis import length_generalisation, word_order_probe
-from hf_posenc.pipeline import tools
-from hf_posenc.pipeline.averaging import write_whole
 from hf_posenc.pipeline.cli import run_cli
-from hf_posenc.pipeline.evaluation import translate
-from hf_posenc.pipeline.tokenization import train_joint_bpe
-from hf_posenc.pipeline.tools import average_main, evaluate_main
+from hf_posenc.pipeline.data.tokenization import train_joint_bpe
+from hf_posenc.pipeline.evaluation import command
+from hf_posenc.pipeline.evaluation.command import evaluate_main
+from hf_posenc.pipeline.evaluation.decoding import translate
+from hf_posenc.pipeline.training.averaging import average_main, write_whole
 
 SOURCES = ["a dog runs", "a man sits", "two dogs run on the grass", "a woman reads", "children play"]
 REFERENCES = ["ein hund läuft", "ein mann sitzt", "zwei hunde laufen", "eine frau liest", "kinder spielen"]
@@ -296,9 +296,9 @@ def test_evaluate_translation_refuses_before_decoding(
     def no_work(*args, **kwargs):
         raise AssertionError("the tool started its work before refusing the input")
 
-    monkeypatch.setattr(tools, "translate", no_work)
+    monkeypatch.setattr(command, "translate", no_work)
     if "--model" not in flags:  # a missing or broken model folder is found out by looking at it
-        monkeypatch.setattr(tools, "load_translation_model", no_work)
+        monkeypatch.setattr(command, "load_translation_model", no_work)
     paths = {"t": texts, **broken_models}
     test_set = ["--source", texts / "test.en", "--reference", texts / "test.de"]
     argv = command_line(flags, paths, model_dir, *test_set)

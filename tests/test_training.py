@@ -11,7 +11,7 @@ import transformers
 from conftest import tiny_run_flags
 
 from hf_posenc import MarianPosEncForConditionalGeneration
-from hf_posenc.pipeline import run
+from hf_posenc.pipeline.training import run
 
 TINY = [
     "--train_limit",

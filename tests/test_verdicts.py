@@ -1,4 +1,4 @@
-"""The verdicts of the papers' claims (`hf_posenc.study.claims`, `bootstrap`, `verdicts`): each claim gets the test
+"""The verdicts of the papers' claims (`study.claims`, `bootstrap`, `verdicts`): each claim gets the test
 its wording names. An equivalence claim is reproduced only when the seeds × sentences bootstrap interval lies
 inside the margin (TOST), a real difference fails it and noisy seeds leave it undecided; non-inferiority holds
 on the lower bound; a tie never reproduces a strict claim; the report states the smallest gap the seeds can
@@ -11,10 +11,10 @@ import numpy as np
 import pytest
 from sacrebleu.metrics import BLEU
 
-from hf_posenc.pipeline import evaluation
-from hf_posenc.pipeline.hardware import Hardware
-from hf_posenc.study import bootstrap, claims, cli, report, runs, verdicts
-from hf_posenc.study.claims import MARGIN, Interval, claim_verdict, interval_verdict
+from hf_posenc.pipeline.evaluation import scoring
+from hf_posenc.pipeline.training.hardware import Hardware
+from study import bootstrap, claims, cli, report, runs, verdicts
+from study.claims import MARGIN, Interval, claim_verdict, interval_verdict
 
 SIGNIFICANT = {"bleu": {"significance": "**", "p_value": 0.001}}
 NOT_SIGNIFICANT = {"bleu": {"significance": "", "p_value": 0.3}}
@@ -48,12 +48,12 @@ def interval_of(system, reference) -> Interval:
 
 def test_bleu_of_summed_sentence_statistics_is_the_corpus_score():
     """The bootstrap's BLEU of summed sentence statistics is the project's one corpus score
-    (`evaluation.corpus_score`: sacreBLEU, 13a, exp smoothing), including its smoothing of orders without a match
+    (`scoring.corpus_score`: sacreBLEU, 13a, exp smoothing), including its smoothing of orders without a match
     and its zero for no match at all."""
     hypotheses = ["Ein Mann fährt Fahrrad.", "Zwei Hunde spielen im Schnee", "Eine Frau", "x y z"]
     references = ["Ein Mann fährt ein Fahrrad.", "Zwei Hunde spielen im Schnee.", "Eine Frau singt.", "a b c"]
     statistics = bootstrap.sentence_statistics(hypotheses, references)
-    expected = evaluation.corpus_score(BLEU(), hypotheses, references).score
+    expected = scoring.corpus_score(BLEU(), hypotheses, references).score
     assert bootstrap.bleu_of_statistics(statistics.sum(axis=0)) == pytest.approx(expected, abs=1e-9)
     rng = np.random.default_rng(3)
     for _ in range(500):

@@ -16,7 +16,7 @@ from hf_posenc.analysis.word_order_probe import (
     word_order_probe,
     word_permutation,
 )
-from hf_posenc.pipeline import evaluation
+from hf_posenc.pipeline.evaluation import decoding
 
 WORDS = "a man a woman two dogs run on the green grass near an old red house while children play".split()
 SENTENCES = [
@@ -113,10 +113,10 @@ def test_cli_prints_one_json_row_per_permutation_kind(tokenizer, tmp_path, capsy
 
 
 def test_the_probe_decodes_with_the_saved_generation_config_unless_told(tokenizer, monkeypatch):
-    """One decoding loop (`pipeline.evaluation.translate`, issue #47): the probe passes on the caller's settings
+    """One decoding loop (`pipeline.evaluation.decoding.translate`): the probe passes on the caller's settings
     and nothing of its own, so without settings `generate` gets the model's saved ones (beam 4, source length +
     50), and it hands over token ids (the permuted sources) without tokenising them again."""
-    assert probe_module.translate is evaluation.translate
+    assert probe_module.translate is decoding.translate
     model = tiny_model()
     calls = []
     generate = model.generate

@@ -18,9 +18,9 @@ from conftest import DATA_DIR  # run as a script, its folder (tests/) is on the 
 from transformers import DataCollatorForSeq2Seq, Seq2SeqTrainingArguments
 
 from hf_posenc import MarianPosEncConfig, MarianPosEncForConditionalGeneration  # noqa: E402
-from hf_posenc.pipeline.data import read_split  # noqa: E402
-from hf_posenc.pipeline.tokenization import train_joint_bpe  # noqa: E402
-from hf_posenc.pipeline.training import TranslationTrainer, leave_process_group, tokenize_parallel  # noqa: E402
+from hf_posenc.pipeline.data.files import read_split  # noqa: E402
+from hf_posenc.pipeline.data.tokenization import train_joint_bpe  # noqa: E402
+from hf_posenc.pipeline.training.trainer import TranslationTrainer, leave_process_group, tokenize_parallel  # noqa: E402
 
 
 class RecordingTrainer(TranslationTrainer):

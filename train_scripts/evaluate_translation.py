@@ -1,6 +1,6 @@
 """Translate a test set with a saved model and score it (`--help`; also the `hf-posenc-evaluate` command)."""
 
-from hf_posenc.pipeline.tools import evaluate_cli
+from hf_posenc.pipeline.cli import evaluate
 
 if __name__ == "__main__":
-    evaluate_cli()
+    evaluate()

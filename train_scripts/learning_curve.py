@@ -16,8 +16,8 @@ import json
 import re
 from pathlib import Path
 
-from hf_posenc.pipeline.averaging import list_checkpoints
 from hf_posenc.pipeline.cli import run_cli
+from hf_posenc.pipeline.training.averaging import list_checkpoints
 
 
 def evaluations(checkpoints_dir) -> list[dict]:

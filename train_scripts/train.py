@@ -6,11 +6,11 @@
     python train_scripts/train.py --recipe my-recipe.yaml           # a recipe file of your own
     python train_scripts/train.py args.json                         # every flag from a JSON or YAML file
 
-`--help` lists every flag. The stages and the settings live in the library: `hf_posenc/pipeline/run.py`
-(prepare -> build -> train -> evaluate -> export) and `hf_posenc/pipeline/arguments.py` (flags, recipes, checks).
+`--help` lists every flag. The stages and the settings live in the library: `hf_posenc/pipeline/training/run.py`
+(prepare -> build -> train -> evaluate -> export) and `hf_posenc/pipeline/training/arguments.py` (flags, recipes, checks).
 """
 
-from hf_posenc.pipeline.run import cli
+from hf_posenc.pipeline.cli import train
 
 if __name__ == "__main__":
-    cli()
+    train()

@@ -17,7 +17,7 @@ it here), the mean source length in tokens and the number of inputs. The compari
 model fails this way: BLEU 35.5, 17.9, 6.8, 1.1 and length ratio 0.97, 0.71, 0.48, 0.26 for k = 1, 2, 4, 8,
 one sentence written for four at k = 4 (docs/length.md); the harness shows which modules avoid it.
 
-Decoding goes through `hf_posenc.pipeline.evaluation.translate` with the model's saved generation config
+Decoding goes through `hf_posenc.pipeline.evaluation.scoring.translate` with the model's saved generation config
 (beam 4, length penalty 0.6, up to source length + 50 new tokens, so the budget grows with the input). The
 buckets reuse the k = 1 translations (the same inputs) when k = 1 was decoded; otherwise each bucket is
 decoded on its own, so a model that cannot take the longest sentences still gets scores for the others.
@@ -43,9 +43,10 @@ from pathlib import Path
 import torch
 
 from ..base import PositionLimitError
-from ..pipeline.cli import run_cli
-from ..pipeline.data import read_parallel
-from ..pipeline.evaluation import check_number, load_translation_model, score_translations, translate
+from ..pipeline.cli import check_number, run_cli
+from ..pipeline.data.files import read_parallel
+from ..pipeline.evaluation.decoding import load_translation_model, translate
+from ..pipeline.evaluation.scoring import score_translations
 
 DEFAULT_K = (1, 2, 4, 8)
 DEFAULT_BUCKET_EDGES = (10, 20, 30, 40)

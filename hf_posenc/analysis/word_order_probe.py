@@ -13,11 +13,11 @@ neighbouring words, and reports
 
     python -m hf_posenc.analysis.word_order_probe MODEL_DIR --source sentences.txt --permutations 5 --seed 0
 
-Translations go through `hf_posenc.pipeline.evaluation.translate` with the model's saved generation config
+Translations go through `hf_posenc.pipeline.evaluation.scoring.translate` with the model's saved generation config
 (beam 4, length penalty 0.6, source length + 50 new tokens) unless `--num_beams` / `--max_new_tokens` (or the
 API's `generate_kwargs`) override it, and are scored with its `score_translations`. They decode under
 `--precision` (auto: bf16 autocast where it is measurably faster on this machine, see
-`hf_posenc.pipeline.hardware.choose_precision`); the equivariance gap is always computed in fp32, where bf16
+`hf_posenc.pipeline.training.hardware.choose_precision`); the equivariance gap is always computed in fp32, where bf16
 rounding would hide a small gap. A sentence of fewer than two words has no other order: it is left out, with a
 warning.
 """
@@ -31,10 +31,11 @@ from pathlib import Path
 
 import torch
 
-from ..pipeline.cli import run_cli
-from ..pipeline.data import read_lines
-from ..pipeline.evaluation import check_number, load_translation_model, score_translations, translate
-from ..pipeline.hardware import choose_precision
+from ..pipeline.cli import check_number, run_cli
+from ..pipeline.data.files import read_lines
+from ..pipeline.evaluation.decoding import load_translation_model, translate
+from ..pipeline.evaluation.scoring import score_translations
+from ..pipeline.training.hardware import choose_precision
 
 PERMUTATION_KINDS = ("shuffle", "local_swap")
 logger = logging.getLogger(__name__)

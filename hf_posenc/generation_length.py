@@ -1,0 +1,260 @@
+"""Length control at decode time, tied to each example's source: three `LogitsProcessor`s and a loop guard.
+
+Models trained on short examples stop at a length learned in training when the input is longer (Varis & Bojar,
+EMNLP 2021, "Sequence Length is a Domain"); `generate` knows only absolute lengths. The options below scale with
+the source, per example of the batch, and are read from the generation config by the model's `generate`
+(`MarianPosEncForConditionalGeneration.generate`), so a saved `generation_config.json` turns them on:
+
+* `min_length_ratio` r: no `</s>` before the hypothesis holds ⌈r·|x|⌉ tokens, `</s>` included, where |x| counts
+  the example's non-pad source tokens, its `</s>` included (fairseq2's `min_gen_len = a·|x| + b` with b = 0;
+  eole's `ratio` stops the beam there, this only forbids stopping earlier). `measure_min_length_ratio` measures r
+  from the training pairs.
+* `word_reward` ρ: ρ added to the log-probability of every token that is not `</s>`: the word reward of He et al.
+  (2016, "Improved neural machine translation with SMT features") and Murray & Chiang (WMT 2018, "Correcting
+  length bias in neural machine translation"), Marian's `--word-penalty` with the opposite sign. Beam search adds
+  processed log-probabilities into a hypothesis's score and divides the sum by its length at the end, so a
+  hypothesis of n tokens (W of them not `</s>`) scores (Σ_t log p(y_t | y_<t, x) + ρ·W) / n^α with α the
+  `length_penalty`: the reward sits inside the normalised sum, as Marian's word penalty does. Greedy decoding picks
+  argmax_v (log p(v) + ρ·[v ≠ </s>]) at each step (the processor sees logits there; log-softmax shifts a row by a
+  constant, so the argmax is the same).
+* `match_source_sentence_count`: no `</s>` before the hypothesis holds as many sentence-end tokens
+  (`sentence_end_token_ids`, from `sentence_end_token_ids(tokenizer)`) as its source.
+* The loop guard is transformers' own `no_repeat_ngram_size` (`NoRepeatNGramLogitsProcessor`): when any option
+  above is on and the generation config leaves `no_repeat_ngram_size` unset (None), `generate` sets it to
+  `LOOP_GUARD_NGRAM_SIZE`; 0 turns the guard off explicitly.
+
+A row whose only finite token is `</s>` (the budget's last step under `forced_eos_token_id`) keeps it: the two
+`</s>` bans never leave a row without a token. The processors read only the ids of the hypothesis and the
+per-example source figures, which `repeat_interleave` spreads over beams or returned sequences, so they hold
+no state to reorder and give the same result with and without the cache.
+"""
+
+import math
+from dataclasses import dataclass
+
+import torch
+from transformers import LogitsProcessor, LogitsProcessorList
+
+MIN_LENGTH_RATIO = "min_length_ratio"
+WORD_REWARD = "word_reward"
+MATCH_SOURCE_SENTENCE_COUNT = "match_source_sentence_count"
+SENTENCE_END_TOKEN_IDS = "sentence_end_token_ids"
+# The generation-config keys read here and their defaults: every option off.
+LENGTH_CONTROL_DEFAULTS = {
+    MIN_LENGTH_RATIO: None,
+    WORD_REWARD: None,
+    MATCH_SOURCE_SENTENCE_COUNT: False,
+    SENTENCE_END_TOKEN_IDS: None,
+}
+# n of the loop guard: long enough that captions may share phrases ("in front of a"), short enough to stop a
+# repeated sentence (a Multi30k caption is 12-15 tokens); a choice, not measured.
+LOOP_GUARD_NGRAM_SIZE = 8
+# The quantile of target/source length ratios taken as r: the ratio of a long joined input varies less than that of
+# one sentence, so a low quantile of single sentences is a floor that long inputs rarely need to go below.
+DEFAULT_RATIO_QUANTILE = 0.05
+# Sentence-final marks (as the length harness counts them) and what may close a sentence after them.
+SENTENCE_END_MARKS = ".!?。！？"
+CLOSING_MARKS = "\"'”’»)]"
+WORD_BOUNDARY_MARKS = "▁Ġ"  # Metaspace (SentencePiece, our BPE) and byte-level word starts
+
+
+def sentence_end_token_ids(tokenizer) -> list[int]:
+    """Ids of the vocabulary's tokens that end a sentence: their text, word-boundary marks and closing quotes or
+    brackets stripped, ends with `.`, `!`, `?` or a CJK full stop, question or exclamation mark; special tokens
+    excluded. Works on any tokenizer with `get_vocab()` (and `all_special_ids`)."""
+    special = set(getattr(tokenizer, "all_special_ids", ()))
+    ends = []
+    for token, token_id in tokenizer.get_vocab().items():
+        text = token.strip(WORD_BOUNDARY_MARKS).rstrip(CLOSING_MARKS)
+        if token_id not in special and text and text[-1] in SENTENCE_END_MARKS:
+            ends.append(token_id)
+    return sorted(ends)
+
+
+def measure_min_length_ratio(
+    source_lengths, target_lengths, quantile: float = DEFAULT_RATIO_QUANTILE
+) -> float:
+    """r for `min_length_ratio`: the `quantile` of target/source token-length ratios over training pairs (lengths
+    with `</s>`, as tokenized for training), rounded down to 3 decimals."""
+    sources = torch.as_tensor(list(source_lengths), dtype=torch.float64)
+    targets = torch.as_tensor(list(target_lengths), dtype=torch.float64)
+    if sources.numel() == 0 or sources.shape != targets.shape:
+        raise ValueError(
+            f"need as many target lengths as source lengths, at least one: got {sources.numel()} source and "
+            f"{targets.numel()} target lengths"
+        )
+    if not 0 <= quantile <= 1:
+        raise ValueError(f"quantile={quantile!r} must lie in [0, 1]")
+    if (sources <= 0).any() or (targets <= 0).any():
+        raise ValueError("token lengths must be positive: every tokenized example holds at least its </s>")
+    ratio = torch.quantile(targets / sources, quantile).item()
+    return math.floor(ratio * 1000) / 1000
+
+
+def key_error(key: str, value, allowed: str) -> ValueError:
+    return ValueError(f"generation config {key}={value!r} is not allowed: {allowed}")
+
+
+def is_number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+@dataclass(frozen=True)
+class LengthControl:
+    """The length-control settings of one `generate` call, checked (`from_settings`)."""
+
+    min_length_ratio: float | None = None
+    word_reward: float | None = None
+    match_source_sentence_count: bool = False
+    sentence_end_token_ids: tuple[int, ...] | None = None
+
+    @property
+    def active(self) -> bool:
+        return (
+            self.min_length_ratio is not None
+            or self.word_reward is not None
+            or self.match_source_sentence_count
+        )
+
+    @classmethod
+    def from_settings(cls, generation_config, overrides: dict, vocab_size: int) -> "LengthControl":
+        """The settings of `generation_config` (a missing key takes `LENGTH_CONTROL_DEFAULTS`), each replaced by
+        the same key of `overrides` (`generate`'s keyword arguments), which are removed from `overrides`."""
+        values = {
+            key: overrides.pop(key) if key in overrides else getattr(generation_config, key, default)
+            for key, default in LENGTH_CONTROL_DEFAULTS.items()
+        }
+        ratio, reward = values[MIN_LENGTH_RATIO], values[WORD_REWARD]
+        if ratio is not None and not (is_number(ratio) and math.isfinite(ratio) and ratio >= 0):
+            raise key_error(
+                MIN_LENGTH_RATIO, ratio, "a finite number >= 0 (a multiple of the source length), or None"
+            )
+        if reward is not None and not (is_number(reward) and math.isfinite(reward)):
+            raise key_error(
+                WORD_REWARD, reward, "a finite number (added to each non-</s> log-probability), or None"
+            )
+        match = values[MATCH_SOURCE_SENTENCE_COUNT]
+        if not isinstance(match, bool):
+            raise key_error(MATCH_SOURCE_SENTENCE_COUNT, match, "True or False")
+        ids = values[SENTENCE_END_TOKEN_IDS]
+        if ids is not None:
+            ids = tuple(ids) if isinstance(ids, (list, tuple)) else ids
+            if not isinstance(ids, tuple) or not all(
+                isinstance(i, int) and not isinstance(i, bool) and 0 <= i < vocab_size for i in ids
+            ):
+                raise key_error(
+                    SENTENCE_END_TOKEN_IDS,
+                    values[SENTENCE_END_TOKEN_IDS],
+                    f"a list of token ids in 0..{vocab_size - 1}",
+                )
+        if match and not ids:
+            raise key_error(
+                SENTENCE_END_TOKEN_IDS,
+                values[SENTENCE_END_TOKEN_IDS],
+                f"{MATCH_SOURCE_SENTENCE_COUNT}=True needs a non-empty list of sentence-end token ids "
+                "(sentence_end_token_ids(tokenizer))",
+            )
+        return cls(
+            None if ratio is None else float(ratio), None if reward is None else float(reward), match, ids
+        )
+
+
+def loop_guard_ngram_size(control: LengthControl, no_repeat_ngram_size: int | None) -> int | None:
+    """The `no_repeat_ngram_size` to decode with: `LOOP_GUARD_NGRAM_SIZE` when length control is on and the setting
+    is unset (None); the setting otherwise (0 keeps the guard off)."""
+    if control.active and no_repeat_ngram_size is None:
+        return LOOP_GUARD_NGRAM_SIZE
+    return no_repeat_ngram_size
+
+
+def per_row(values: torch.Tensor, rows: int) -> torch.Tensor:
+    """Per-example values (B,) spread over the rows of a step, (B·n,), as generate expands inputs for beams and
+    returned sequences (`repeat_interleave`)."""
+    if rows % values.shape[0]:
+        raise ValueError(f"{rows} decoding rows are not a whole multiple of the {values.shape[0]} examples")
+    return values.repeat_interleave(rows // values.shape[0])
+
+
+class SourceTiedEosBlock(LogitsProcessor):
+    """Bans `</s>` in the rows where `blocked(hypotheses)` holds, unless `</s>` is the row's only finite token."""
+
+    def __init__(self, eos_token_ids: list[int], prompt_length: int):
+        self.eos_token_ids = torch.tensor(eos_token_ids, dtype=torch.long)
+        self.prompt_length = prompt_length
+
+    def blocked(self, hypotheses: torch.LongTensor) -> torch.Tensor:  # (rows,) bool
+        raise NotImplementedError
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
+        eos = self.eos_token_ids.to(scores.device)
+        is_eos = torch.zeros(scores.shape[-1], dtype=torch.bool, device=scores.device)
+        is_eos[eos] = True  # (V,)
+        has_other = torch.isfinite(scores.masked_fill(is_eos, -math.inf)).any(-1)  # (rows,)
+        ban = self.blocked(input_ids[:, self.prompt_length :]) & has_other  # (rows,)
+        return scores.masked_fill(ban[:, None] & is_eos, -math.inf)  # (rows, V)
+
+
+class MinLengthRatioLogitsProcessor(SourceTiedEosBlock):
+    """No `</s>` before a hypothesis holds `min_lengths` tokens (`</s>` included), per example:
+    ⌈r·|x|⌉ from `min_length_ratio`. transformers' `MinNewTokensLengthLogitsProcessor` takes one number for the
+    batch; this takes one per example."""
+
+    def __init__(self, min_lengths: torch.LongTensor, eos_token_ids: list[int], prompt_length: int):
+        super().__init__(eos_token_ids, prompt_length)
+        self.min_lengths = min_lengths  # (B,)
+
+    def blocked(self, hypotheses):
+        minimum = per_row(self.min_lengths.to(hypotheses.device), hypotheses.shape[0])  # (rows,)
+        return hypotheses.shape[-1] + 1 < minimum  # the hypothesis with </s> would be too short
+
+
+class SentenceCountLogitsProcessor(SourceTiedEosBlock):
+    """No `</s>` before a hypothesis holds `source_counts` sentence-end tokens, per example."""
+
+    def __init__(self, source_counts, sentence_end_token_ids, eos_token_ids, prompt_length: int):
+        super().__init__(eos_token_ids, prompt_length)
+        self.source_counts = source_counts  # (B,)
+        self.sentence_end_token_ids = torch.tensor(sentence_end_token_ids, dtype=torch.long)
+
+    def blocked(self, hypotheses):
+        ends = torch.isin(hypotheses, self.sentence_end_token_ids.to(hypotheses.device)).sum(-1)  # (rows,)
+        return ends < per_row(self.source_counts.to(hypotheses.device), hypotheses.shape[0])
+
+
+class WordRewardLogitsProcessor(LogitsProcessor):
+    """Adds `reward` to the score of every token but `</s>` (He et al. 2016; Murray & Chiang 2018)."""
+
+    def __init__(self, reward: float, eos_token_ids: list[int]):
+        self.reward = reward
+        self.eos_token_ids = torch.tensor(eos_token_ids, dtype=torch.long)
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
+        bonus = torch.full(scores.shape[-1:], self.reward, dtype=scores.dtype, device=scores.device)  # (V,)
+        bonus[self.eos_token_ids.to(scores.device)] = 0
+        return scores + bonus
+
+
+def length_control_processors(
+    control: LengthControl,
+    source_ids: torch.LongTensor,
+    source_mask: torch.Tensor,
+    eos_token_ids: list[int],
+    prompt_length: int,
+) -> LogitsProcessorList:
+    """The processors of `control` for a batch of sources (B, S) with their mask (B, S) (1: a token, 0: padding);
+    `prompt_length` decoder tokens precede each hypothesis (the start token)."""
+    processors = LogitsProcessorList()
+    mask = source_mask.bool()
+    if control.min_length_ratio is not None and eos_token_ids:
+        lengths = mask.sum(-1)  # (B,)
+        minimum = torch.ceil(lengths.double() * control.min_length_ratio).long()  # (B,)
+        processors.append(MinLengthRatioLogitsProcessor(minimum, eos_token_ids, prompt_length))
+    if control.match_source_sentence_count and eos_token_ids:
+        ends = torch.tensor(control.sentence_end_token_ids, device=source_ids.device)
+        counts = (torch.isin(source_ids, ends) & mask).sum(-1)  # (B,)
+        processors.append(
+            SentenceCountLogitsProcessor(counts, control.sentence_end_token_ids, eos_token_ids, prompt_length)
+        )
+    if control.word_reward is not None:
+        processors.append(WordRewardLogitsProcessor(control.word_reward, eos_token_ids))
+    return processors

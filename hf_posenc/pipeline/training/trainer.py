@@ -1,0 +1,160 @@
+"""Training glue around `Seq2SeqTrainer`: what the HF stack lacks for NMT recipes.
+
+* `TranslationTrainer`: the Trainer with token-budget batches (`max_tokens`) instead of a fixed number of
+  sentences, through its `get_train_dataloader` hook, a count of the target tokens it trained on, and the
+  learning-rate schedule planned for a time budget (`schedule.SchedulePlan`) where one is given;
+* `TimeBudgetCallback`: stops training after a wall-clock budget, counted across resumes;
+* `tokenize_parallel`: tokenised pairs with their lengths, over-long pairs rejected;
+* `translation_metrics`: BLEU and chrF++ of generated validation translations for `compute_metrics`;
+* `leave_process_group`: the end of a multi-process run without a hang or an abort on the way out.
+"""
+
+import time
+
+import datasets
+import torch
+from torch.optim.lr_scheduler import LambdaLR
+from torch.utils.data import DataLoader
+from transformers import Seq2SeqTrainer, TrainerCallback
+from transformers.trainer_callback import ExportableState
+
+from ..data.batching import TokenBudgetBatchSampler, as_lengths
+from ..evaluation.scoring import score_translations
+
+
+def tokenize_parallel(
+    tokenizer, source: list[str], target: list[str], max_length: int | None = None
+) -> datasets.Dataset:
+    """Tokenised pairs in memory with `input_ids`, `labels` and the padded cost `length` = max(source, target)
+    tokens: for a validation set (every pair kept) or a small corpus. Training corpora go through the on-disk
+    cache of `corpus.py`, which skips and counts invalid pairs instead.
+
+    Given `max_length`, pairs longer than that on either side are an error, not silently truncated.
+    """
+    source_ids = tokenizer(source)["input_ids"]
+    target_ids = tokenizer(text_target=target)["input_ids"]
+    too_long = [
+        i
+        for i, (s, t) in enumerate(zip(source_ids, target_ids, strict=True))
+        if max_length is not None and max(len(s), len(t)) > max_length
+    ]
+    if too_long:
+        raise ValueError(
+            f"{len(too_long)} pair(s) exceed max_length={max_length} tokens (first: pair {too_long[0]}, "
+            f"{max(len(source_ids[too_long[0]]), len(target_ids[too_long[0]]))} tokens); filter them or raise the limit"
+        )
+    return datasets.Dataset.from_dict(
+        {
+            "input_ids": source_ids,
+            "labels": target_ids,
+            "length": [max(len(s), len(t)) for s, t in zip(source_ids, target_ids, strict=True)],
+        }
+    )
+
+
+class TranslationTrainer(Seq2SeqTrainer):
+    """`Seq2SeqTrainer` whose training batches hold at most `max_tokens` padded tokens (None: the Trainer's own
+    batches of `per_device_train_batch_size` sentences), counting the target tokens it trains on."""
+
+    def __init__(self, *args, max_tokens: int | None, lr_plan=None, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.max_tokens = max_tokens
+        self.lr_plan = lr_plan
+        self.target_tokens = 0  # label tokens trained on in this process since it started
+
+    def create_scheduler(self, num_training_steps: int, optimizer=None):
+        if self.lr_plan is None or self.lr_scheduler is not None:
+            return super().create_scheduler(num_training_steps, optimizer)
+        # the plan is a callable object: LambdaLR saves its attributes with the scheduler's state
+        self.lr_scheduler = LambdaLR(optimizer or self.optimizer, self.lr_plan)
+        return self.lr_scheduler
+
+    def get_train_dataloader(self) -> DataLoader:
+        if self.max_tokens is None:
+            return super().get_train_dataloader()
+        dataset = self.train_dataset.remove_columns(["length"])
+        # the lengths as one numpy array; the batches are the same for the same seed and epoch, so the Trainer's
+        # skipping of the batches a resumed run already trained on lands where the interrupted run stopped
+        sampler = TokenBudgetBatchSampler(
+            as_lengths(self.train_dataset["length"]), self.max_tokens, seed=self.args.seed
+        )
+        # pinned memory only speeds copies to an accelerator; on a CPU torch warns once an epoch
+        loader = DataLoader(
+            dataset,
+            batch_sampler=sampler,
+            collate_fn=self.data_collator,
+            num_workers=self.args.dataloader_num_workers,
+            pin_memory=self.args.dataloader_pin_memory and torch.accelerator.is_available(),
+        )
+        return self.accelerator.prepare(loader)
+
+    def log(self, logs: dict, *args, **kwargs) -> None:
+        """Under token batches the Trainer's samples/s (updates x per_device_train_batch_size / s) counts
+        sentences no batch held: it is replaced by the target tokens/s this process trained on."""
+        if self.max_tokens is not None and "train_samples_per_second" in logs:
+            logs = {key: value for key, value in logs.items() if key != "train_samples_per_second"}
+            logs["train_target_tokens_per_second"] = round(
+                self.target_tokens / max(logs["train_runtime"], 1e-9), 1
+            )
+        super().log(logs, *args, **kwargs)
+
+    def training_step(self, model, inputs, num_items_in_batch=None):
+        self.target_tokens += int((inputs["labels"] != -100).sum())
+        return super().training_step(model, inputs, num_items_in_batch)
+
+
+class TimeBudgetCallback(TrainerCallback, ExportableState):
+    """Ends training once `minutes` of training time have passed, counting the time of earlier attempts of the
+    same run: the time spent is saved with each checkpoint and read back when training resumes."""
+
+    def __init__(self, minutes: float, spent_seconds: float = 0.0):
+        self.minutes = minutes
+        self.spent_seconds = spent_seconds
+        self.start = None
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        saved = state.stateful_callbacks.get(type(self).__name__)
+        if saved:
+            self.spent_seconds = saved["attributes"]["spent_seconds"]
+        self.start = time.monotonic() - self.spent_seconds
+
+    def on_step_end(self, args, state, control, **kwargs):
+        self.spent_seconds = time.monotonic() - self.start
+        if self.spent_seconds > self.minutes * 60:
+            control.should_training_stop = True
+
+    def state(self) -> dict:
+        return {"args": {"minutes": self.minutes}, "attributes": {"spent_seconds": self.spent_seconds}}
+
+
+def translation_metrics(tokenizer):
+    """`compute_metrics` for the Trainer: sacreBLEU BLEU and chrF++ of the generated validation translations."""
+    import numpy as np
+
+    def compute_metrics(prediction):
+        predictions = np.where(prediction.predictions >= 0, prediction.predictions, tokenizer.pad_token_id)
+        labels = np.where(prediction.label_ids >= 0, prediction.label_ids, tokenizer.pad_token_id)
+        scores = score_translations(
+            tokenizer.batch_decode(predictions, skip_special_tokens=True),
+            tokenizer.batch_decode(labels, skip_special_tokens=True),
+        )
+        return {"bleu": scores["bleu"], "chrf++": scores["chrf++"]}
+
+    return compute_metrics
+
+
+def leave_process_group() -> None:
+    """Leave torch.distributed once the processes need each other no more (no-op in a single process).
+
+    Gloo's worker thread drops a finished collective, and the Python tensors it holds, only once it holds the
+    GIL; the process group's destructor joins that thread while holding the GIL. Freeing the trainer right
+    after a collective can therefore deadlock (seen: rank 0 of `accelerate launch` on 2 CPU processes stuck in
+    `~ProcessGroupGloo` after training, the worker waiting for the GIL), and leaving the group to interpreter
+    shutdown can abort ("terminate called without an active exception"). So the ranks line up, the worker gets
+    a moment without the GIL to finish, and the group is destroyed.
+    """
+    if not torch.distributed.is_initialized():
+        return
+    torch.distributed.barrier()
+    time.sleep(0.5)  # the GIL is free: the worker drops the barrier's work and goes idle
+    torch.distributed.destroy_process_group()

@@ -1,0 +1,287 @@
+"""The comparison's runs: one system, language pair and seed under one recipe, planned seed by seed, trained by
+train.py, measured, and recorded under `<results>/<recipe>/<pair>/<system>/seed<N>/`.
+
+Runs execute in worker processes, `--jobs` at a time, one run at a time in each: the worker starts train.py in a
+process of its own (its log beside the model folder), then loads the trained model and measures it (the
+word-order probe, paper 1 Eq. 9/13, and the length-generalisation harness). No two runs share an interpreter,
+so nothing process-wide (transformers' loading patches, torch's thread count) is shared between them.
+"""
+
+import gzip
+import json
+import logging
+import multiprocessing
+import shutil
+import subprocess
+import sys
+import time
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from dataclasses import MISSING, dataclass, fields
+from pathlib import Path
+
+import torch
+
+from hf_posenc.analysis.length_generalisation import (
+    DEFAULT_BUCKET_EDGES,
+    check_group_sizes,
+    join_consecutive,
+    measure_length_generalisation,
+    text_fingerprint,
+)
+from hf_posenc.analysis.word_order_probe import word_order_probe
+from hf_posenc.configuration_marian_posenc import RENAMED_FIELDS
+from hf_posenc.pipeline.data.files import read_split
+from hf_posenc.pipeline.evaluation.decoding import load_translation_model, translate
+from hf_posenc.pipeline.training.arguments import ARGUMENT_CLASSES, load_recipe
+from hf_posenc.pipeline.training.arguments import parse_args as parse_train_args
+from hf_posenc.pipeline.training.hardware import choose_precision
+
+from .tables import SYSTEMS, TABLES, length_k
+
+logger = logging.getLogger(__name__)
+LOG_FORMAT = "%(asctime)s %(name)s: %(message)s"
+TRAIN_COMMAND = ("-m", "hf_posenc.pipeline.training.run")  # train.py, run from the installed package
+SETTINGS = "settings.json"  # written last: a run folder that holds it is finished
+# What a run wrote for the inputs of k joined test sentences (the length harness keeps only their scores).
+JOINED_TRANSLATIONS = "length.hyp.k{k}.{lang}.gz"
+
+
+@dataclass(frozen=True)
+class Run:
+    recipe: str
+    pair: str
+    system: str
+    seed: int
+
+    @property
+    def source_lang(self) -> str:
+        return self.pair.split("-")[0]
+
+    @property
+    def target_lang(self) -> str:
+        return self.pair.split("-")[1]
+
+    def folder(self, root: Path) -> Path:
+        return Path(root) / self.recipe / self.pair / self.system / f"seed{self.seed}"
+
+    def label(self) -> str:
+        return f"{self.system} seed {self.seed} {self.pair}"
+
+
+def planned_runs(args) -> list[Run]:
+    """Seed by seed (all systems of the first seed first), so that a cut-off command leaves whole seeds."""
+    runs = []
+    for seed_index, seed in enumerate(args.seeds):
+        for pair in args.pairs:
+            for table in args.tables:
+                if table != "main" and seed_index >= args.ablation_seeds:
+                    continue
+                for system in TABLES[table]:
+                    run = Run(args.recipe, pair, system.name, seed)
+                    if (args.systems is None or system.name in args.systems) and run not in runs:
+                        runs.append(run)
+    return runs
+
+
+def resolved_precision(args) -> str:
+    """The precision every run trains and decodes in: `--precision`, else the recipe's; for auto the faster on
+    this machine at the recipe's model shapes (measured once, so that a loaded machine cannot split the runs)."""
+    recipe = load_recipe(args.recipe)
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    requested = args.precision or recipe.get("precision", "auto")
+    choice = choose_precision(requested, device, recipe.get("d_model", 512), recipe.get("ffn_dim", 2048))
+    logger.info("every run: %s", choice.line())
+    return choice.precision
+
+
+def train_arguments(run: Run, args) -> list[str]:
+    """train.py's arguments for a run that decide its results (output folder, threads and precision are added
+    by `execute`: a run's precision is recorded in its scores, and runs of earlier machines are kept)."""
+    system = SYSTEMS[run.system]
+    training = [
+        argument
+        for name, value in system.training.items()
+        for argument in (f"--{name}", *map(str, value if isinstance(value, list | tuple) else [value]))
+    ]
+    budget = ["--max_steps", str(args.max_steps)] if args.max_steps else []
+    budget += ["--test_limit", str(args.test_limit)] if args.test_limit else []
+    pair = ["--source_lang", run.source_lang, "--target_lang", run.target_lang]
+    quiet = ["--examples", "0", "--fail_on_degenerate", "false"]  # the report judges degenerate output
+    model = ["--config_overrides", json.dumps(system.overrides), *training]
+    return [
+        "--recipe",
+        run.recipe,
+        *pair,
+        "--seed",
+        str(run.seed),
+        *budget,
+        *quiet,
+        *model,
+        *args.train_args.split(),
+    ]
+
+
+def run_settings(run: Run, args) -> dict:
+    """What a finished run is recognised by: its train.py arguments, the recipe's contents, and the settings of
+    its measurements."""
+    return {
+        "train_arguments": train_arguments(run, args),
+        "recipe": load_recipe(run.recipe),
+        "length_k": args.length_k or length_k(run.system),
+        "probe_sentences": args.probe_sentences,
+    }
+
+
+def done(run: Run, args) -> bool:
+    """The run finished with the settings it would run with now."""
+    settings = run.folder(args.results_dir) / SETTINGS
+    recorded = settings.is_file() and comparable(json.loads(settings.read_text()))
+    return recorded == comparable(run_settings(run, args))
+
+
+def comparable(settings: dict) -> dict:
+    """A run's settings but for recipe fields set to train.py's default, and config fields under their current
+    names: a recipe that starts naming a default (`schedule: fixed`) or the precision its runs trained in, or a
+    study row that takes up a renamed field's new name (`position_attention_gating` for `posnet_gating`),
+    changes no run and keeps its finished ones."""
+    arguments = list(settings["train_arguments"])
+    for index, argument in enumerate(arguments[:-1]):
+        if argument == "--config_overrides":
+            overrides = json.loads(arguments[index + 1])
+            arguments[index + 1] = {
+                RENAMED_FIELDS.get(name, name): value for name, value in overrides.items()
+            }
+    # every recorded run trained in fp32, the precision the comparison recipes now name: train.py did not apply
+    # the bf16 it recorded until 2026-11-27, so a recipe recorded without a precision ran in fp32
+    recipe = {"precision": "fp32", **settings["recipe"]}
+    return {**settings, "train_arguments": arguments, "recipe": explicit_fields(recipe)}
+
+
+def explicit_fields(recipe: dict) -> dict:
+    """A recipe's fields but those set to the default of their train.py setting."""
+    defaults = {
+        f.name: f.default for cls in ARGUMENT_CLASSES for f in fields(cls) if f.default is not MISSING
+    }
+    return {name: value for name, value in recipe.items() if name not in defaults or value != defaults[name]}
+
+
+def data_settings(recipe: str):
+    """The data settings train.py runs `recipe` with (`DataArguments`: its data folder, test split, ...)."""
+    return parse_train_args(["--recipe", recipe]).data
+
+
+def test_set(recipe: str, pair: str, limit: int | None = None):
+    """The test split train.py scores a run of `recipe` on."""
+    data = data_settings(recipe)
+    return read_split(Path(data.data_dir), data.test_split, *pair.split("-"), limit=limit)
+
+
+def train_all(runs: list[Run], args) -> None:
+    """Train and measure every run that is not done, `--jobs` at a time in worker processes."""
+    pending = []
+    for run in runs:
+        if done(run, args):
+            logger.info("%s: done before", run.label())
+        else:
+            pending.append(run)
+    if not pending:
+        return
+    deadline = time.time() + args.stop_after_minutes * 60 if args.stop_after_minutes else None
+    workers = ProcessPoolExecutor(
+        max_workers=min(args.jobs, len(pending)),
+        mp_context=multiprocessing.get_context("spawn"),  # a fresh interpreter, not a copy of this one
+        initializer=start_worker,
+        initargs=(args.threads,),
+    )
+    with workers:
+        for finished in as_completed([workers.submit(execute, run, args, deadline) for run in pending]):
+            logger.info(finished.result())
+
+
+def start_worker(threads: int) -> None:
+    torch.set_num_threads(threads)
+    logging.basicConfig(level=logging.INFO, format=LOG_FORMAT)
+
+
+def execute(run: Run, args, deadline: float | None = None) -> str:
+    """Train, measure and record one run (in a worker process); resumes from its last complete checkpoint. No
+    run starts after `deadline` (seconds since the epoch)."""
+    if deadline is not None and time.time() > deadline:
+        return f"{run.label()}: not started (--stop_after_minutes)"
+    models, results = run.folder(args.models_dir), run.folder(args.results_dir)
+    checkpoints = Path(f"{models}-checkpoints")
+    if any(checkpoints.glob("checkpoint-*/trainer_state.json")):
+        start = ["--resume_from_checkpoint", "last"]
+    else:
+        start = ["--overwrite_output_dir"]  # a run without a complete checkpoint starts again
+    machine = ["--threads", str(args.threads), "--precision", args.run_precision, "--output_dir", str(models)]
+    models.parent.mkdir(parents=True, exist_ok=True)
+    started = time.monotonic()
+    with open(f"{models}.train.log", "w") as log:
+        command = [sys.executable, *TRAIN_COMMAND, *train_arguments(run, args), *machine, *start]
+        process = subprocess.run(command, stdout=log, stderr=log)
+    if process.returncode != 0:
+        return f"{run.label()}: FAILED (exit {process.returncode}), see {models}.train.log"
+    measure(run, models, results, args)
+    shutil.rmtree(checkpoints)  # the averaged model is in the model folder; checkpoints are 5 x model + Adam
+    minutes = (time.monotonic() - started) / 60
+    bleu = json.loads((results / "scores.json").read_text())["bleu"]
+    return f"{run.label()}: BLEU {bleu:.2f} in {minutes:.1f} min"
+
+
+def measure(run: Run, models: Path, results: Path, args) -> None:
+    """The probe and the length harness on the trained model; then the run's small results into `results`,
+    settings.json last (it marks the run finished)."""
+    test = test_set(run.recipe, run.pair, args.test_limit)
+    bf16 = args.run_precision == "bf16"
+    model, tokenizer = load_translation_model(models)
+    sources = test.source[: args.probe_sentences]
+    probes = word_order_probe(
+        model, tokenizer, sources, num_permutations=2, num_beams=1, max_new_tokens=64, bf16=bf16
+    )
+    length, joined = length_harness(models, test, run_settings(run, args)["length_k"], bf16)
+    results.mkdir(parents=True, exist_ok=True)
+    probe = {"sentences": args.probe_sentences, **{p.kind: vars(p) for p in probes}}
+    (results / "word_order_probe.json").write_text(json.dumps(probe, indent=2) + "\n")
+    (results / "length_generalisation.json").write_text(json.dumps(length, indent=2) + "\n")
+    for k, hypotheses in joined.items():
+        text = "".join(f"{line}\n" for line in hypotheses).encode()
+        (results / JOINED_TRANSLATIONS.format(k=k, lang=run.target_lang)).write_bytes(
+            gzip.compress(text, mtime=0)
+        )
+    shutil.copy(models / "scores.json", results / "scores.json")
+    hypotheses = (models / f"test.hyp.{run.target_lang}").read_bytes()
+    (results / f"test.hyp.{run.target_lang}.gz").write_bytes(gzip.compress(hypotheses, mtime=0))
+    (results / SETTINGS).write_text(json.dumps(run_settings(run, args), indent=2) + "\n")
+
+
+def length_harness(models: Path, test, k: list[int], bf16: bool) -> tuple[dict, dict[int, list[str]]]:
+    """The length harness (`analysis.length_generalisation`, as its `length_generalisation_for_model_dir` runs
+    it, with the same settings record) on the trained model, and what the model wrote for the inputs of every
+    k > 1 joined sentences: the harness keeps only their scores, and the translations are what shows how a model
+    fails there (one sentence written for four). A k whose inputs need more positions than the model holds has
+    no translations."""
+    model, tokenizer = load_translation_model(models)
+    if torch.cuda.is_available():
+        model = model.cuda()
+    inputs = {tuple(join_consecutive(test.source, test.target, size)[0]): size for size in k if size > 1}
+    written: dict[int, list[str]] = {}
+
+    def translator(sources: list[str]) -> list[str]:
+        hypotheses = translate(model, tokenizer, sources, bf16=bf16)
+        if (size := inputs.get(tuple(sources))) is not None:
+            written[size] = hypotheses
+        return hypotheses
+
+    def count_tokens(sources: list[str]) -> list[int]:
+        return [len(ids) for ids in tokenizer(sources)["input_ids"]]
+
+    result = measure_length_generalisation(translator, count_tokens, test.source, test.target, k)
+    result["max_position_embeddings"] = getattr(model.config, "max_position_embeddings", None)
+    settings = {
+        "text_sha256": text_fingerprint(test.source, test.target),
+        "k": check_group_sizes(k),
+        "bucket_edges": list(DEFAULT_BUCKET_EDGES),
+        "bf16": bf16,
+    }
+    return {"settings": settings, **result}, written

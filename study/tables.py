@@ -1,0 +1,188 @@
+"""The comparison's tables: the main table, every registered module's main system (generated from the
+registries, so a new registry entry appears in it by itself), and the ablation tables, whose rows test what the
+papers say about particular modules and training options.
+
+A row's name is where its results live (`results/<recipe>/<pair>/<row>/seed<N>/`) and its config fields are part
+of the settings a finished run is recognised by, so renaming a row or changing its fields retrains it.
+"""
+
+import json
+from dataclasses import dataclass, field
+
+from benchmarks.systems import System, main_systems, module_overrides
+from hf_posenc.analysis.length_generalisation import DEFAULT_K
+from hf_posenc.configuration_marian_posenc import MarianPosEncConfig
+from hf_posenc.pipeline.training.arguments import model_config
+from hf_posenc.pipeline.training.arguments import parse_args as parse_train_args
+
+# The system every row is compared with (Δ BLEU, paired bootstrap, verdicts): Marian's own sinusoids.
+REFERENCE_SYSTEM = "sinusoidal"
+
+# The tables, in report order.
+TABLE_TITLES = {
+    "main": "Every module (paper 1 Table 1, paper 2 Table 2, paper 3 Table 1)",
+    "gating": "Gating on and off (paper 2 Table 6)",
+    "placement": "rPosNet placement (paper 2 Table 5; ES encoder self-, DS decoder self-, C cross-attention)",
+    "recurrent": "Recurrent positional embeddings, encoder/decoder ablation (paper 3)",
+    "lightconv_chain": "From LightConv to rPosNet (paper 2 Appendix E, Table 7)",
+    "posnet_dim": "PosNet-Embed kernel dimension d_p (paper 1 Fig. 3)",
+    "rpe_dim": "RPE dimension d_r (paper 3 Fig. 2)",
+    "length": "Length generalisation: extrapolating encodings and training options",
+    "extrapolation": "Extrapolation past the training length: length-relevant encodings trained on 2-4 joined "
+    "sentences",
+}
+
+# Training on 2-4 joined pairs (Varis & Bojar 2021) reaches training examples of about 4 test sentences (at most
+# max_length tokens); k = 8 and 16 are twice and four times that. A 512-position table holds the k = 16 inputs
+# (at most 283 source tokens on test_2016_flickr, plus the 50 new tokens decoding allows).
+CONCAT4 = {"concat_probability": 0.5, "concat_group_sizes": [2, 3, 4]}
+EXTRAPOLATION_K = (1, 2, 4, 8, 16)
+EXTRAPOLATION_POSITIONS = {"max_position_embeddings": 512}
+
+
+@dataclass(frozen=True)
+class Row:
+    """An ablation row: config fields over the main system of `module` (None: over the config's defaults), and
+    train.py's data fields for a training option."""
+
+    module: str | None = None
+    overrides: dict = field(default_factory=dict, hash=False)
+    training: dict = field(default_factory=dict, hash=False)
+    length_k: tuple[int, ...] = DEFAULT_K  # the joined test sentences the length harness measures
+
+    def system(self, name: str) -> System:
+        base = module_overrides(self.module) if self.module else {}
+        return System(name, {**base, **self.overrides}, self.training)
+
+
+# The rows of each ablation table after the reference system. None: the system of that name in the main table or an
+# earlier ablation table (one run serves both tables).
+ABLATION_ROWS: dict[str, dict[str, Row | None]] = {
+    "gating": {
+        "attention+gating": Row("attention", {"attention_gating": True}),
+        "relative_attention": None,
+        "relative_attention-no-gating": Row("relative_attention", {"relative_attention_gating": False}),
+        "aposnet": None,
+        "aposnet-no-gating": Row("aposnet", {"position_attention_gating": False}),
+        "rposnet": None,
+        "rposnet-no-gating": Row("rposnet", {"position_attention_gating": False}),
+    },
+    # Paper 2 Table 5: rPosNet at each combination of sites (the main system: both self-attentions)
+    "placement": {
+        "rposnet@ES": Row("rposnet", {"decoder_self_attention": "attention"}),
+        "rposnet@DS": Row("rposnet", {"encoder_self_attention": "attention"}),
+        "rposnet@C": Row(
+            "rposnet",
+            {
+                "encoder_self_attention": "attention",
+                "decoder_self_attention": "attention",
+                "cross_attention": "rposnet",
+            },
+        ),
+        "rposnet": None,
+        "rposnet@ES+C": Row("rposnet", {"decoder_self_attention": "attention", "cross_attention": "rposnet"}),
+        "rposnet@DS+C": Row("rposnet", {"encoder_self_attention": "attention", "cross_attention": "rposnet"}),
+        "rposnet@ES+DS+C": Row("rposnet", {"cross_attention": "rposnet"}),
+    },
+    "recurrent": {
+        "rpe_head@encoder": Row("rpe_head", {"decoder_position_encoding": "sinusoidal"}),
+        "rpe_head@decoder": Row("rpe_head", {"encoder_position_encoding": "sinusoidal"}),
+        "rpe_head": None,
+        "mpr_head@encoder": Row("mpr_head", {"decoder_position_encoding": "sinusoidal"}),
+        "mpr_head@decoder": Row("mpr_head", {"encoder_position_encoding": "sinusoidal"}),
+        "mpr_head": None,
+    },
+    # Paper 2 Table 7 (Appendix E), in its order after the Transformer
+    "lightconv_chain": {
+        "shaw": None,
+        "lightconv-no-glu": Row("lightconv", {"lightconv_gating": "none"}),
+        "lightconv": None,
+        "lightconv+gelu-gating": Row("lightconv", {"lightconv_gating": "gelu"}),
+        "lightconv+gelu-gating+global-context": Row(
+            "lightconv", {"lightconv_gating": "gelu", "lightconv_global_context": True}
+        ),
+        "rposnet": None,
+    },
+    # Paper 1 Fig. 3: d_p of PosNet-Embed (128, the paper's best, is the main system)
+    "posnet_dim": {
+        **{f"posnet_embed-dp{dim}": Row("posnet_embed", {"posnet_dim": dim}) for dim in (32, 64, 96)},
+        "posnet_embed": None,
+        "posnet_embed-dp256": Row("posnet_embed", {"posnet_dim": 256}),
+    },
+    # Paper 3 Fig. 2's d_r sweep mirrored at half width, for the comparison's d_model 256 with 4 heads of 64 (our
+    # copy of the paper does not give the figure's grid). RPEHead's d_r fills whole heads: 64, 128 and 192 are all
+    # of them (the paper's best, 320 of 512, halves to 160, not a whole head). MPRHead's d_r is a multiple of the
+    # 4 heads: 64 to 192, the paper's 128 to 384 halved, so its best (256 of 512) sits in the middle. d_r 128 is
+    # each layout's main system: the paper's best, scaled (RPEHead's 160 rounded down to whole heads).
+    "rpe_dim": {
+        "rpe_head-dr64": Row("rpe_head", {"rpe_dim": 64}),
+        "rpe_head": None,
+        "rpe_head-dr192": Row("rpe_head", {"rpe_dim": 192}),
+        **{f"mpr_head-dr{rpe_dim}": Row("mpr_head", {"rpe_dim": rpe_dim}) for rpe_dim in (64, 96)},
+        "mpr_head": None,
+        **{f"mpr_head-dr{rpe_dim}": Row("mpr_head", {"rpe_dim": rpe_dim}) for rpe_dim in (160, 192)},
+    },
+    # Encodings without a position in the decoder (NoPE for the causal stack, Kazemnejad et al. 2023), and training
+    # options: Kiyono et al. 2021's SHAPE with K = 100, enough to move Multi30k's training lengths over the joined
+    # test inputs while a 256-position table holds L + K; Varis & Bojar 2021's concatenation, half the training
+    # examples two joined pairs, or 2-4 pairs so that training lengths reach the k = 4 joined test inputs.
+    "length": {
+        "nope-decoder": Row("none", {"encoder_position_encoding": "sinusoidal"}),
+        "sinusoidal+shape": Row(overrides={"shape_max_shift": 100}),
+        "learned+shape": Row("learned", {"shape_max_shift": 100}),
+        "sinusoidal+concat": Row(training={"concat_probability": 0.5}),
+        "sinusoidal+concat4": Row(
+            overrides=EXTRAPOLATION_POSITIONS, training=CONCAT4, length_k=EXTRAPOLATION_K
+        ),
+    },
+    # The encodings designed to extrapolate (ALiBi, RoPE, FIRE, KERPLE, T5 buckets, Shaw's clipped distances, no
+    # position in the decoder), then the papers' rPosNet and MPRHead and learned positions, each trained on joined
+    # examples as sinusoidal+concat4 is and measured to k = 16 (runs are planned in this order).
+    "extrapolation": {
+        "sinusoidal+concat4": None,
+        **{
+            f"{name}+concat4": Row(name, EXTRAPOLATION_POSITIONS, CONCAT4, EXTRAPOLATION_K)
+            for name in ("alibi", "rope", "fire", "kerple", "t5_bias", "shaw")
+        },
+        "nope-decoder+concat4": Row(
+            "none",
+            {"encoder_position_encoding": "sinusoidal", **EXTRAPOLATION_POSITIONS},
+            CONCAT4,
+            EXTRAPOLATION_K,
+        ),
+        **{
+            f"{name}+concat4": Row(name, EXTRAPOLATION_POSITIONS, CONCAT4, EXTRAPOLATION_K)
+            for name in ("rposnet", "mpr_head", "learned")
+        },
+    },
+}
+
+
+def comparison_tables() -> dict[str, list[System]]:
+    """Table name -> systems, in report order: the main table, then each ablation table with the reference system
+    first."""
+    main = main_systems()
+    by_name = {system.name: system for system in main}
+    tables = {"main": main}
+    for table, rows in ABLATION_ROWS.items():
+        systems = [by_name[name] if row is None else row.system(name) for name, row in rows.items()]
+        by_name.update((system.name, system) for system in systems)
+        tables[table] = [by_name[REFERENCE_SYSTEM], *systems]
+    return tables
+
+
+TABLES = comparison_tables()
+SYSTEMS: dict[str, System] = {system.name: system for systems in TABLES.values() for system in systems}
+
+
+def length_k(system: str) -> list[int]:
+    """The joined test sentences the length harness measures for a system's runs (its row's, else the harness's
+    default)."""
+    rows = (row for table in ABLATION_ROWS.values() for name, row in table.items() if name == system and row)
+    return list(next(rows, Row()).length_k)
+
+
+def row_config(system: System, recipe: str) -> MarianPosEncConfig:
+    """The config train.py builds for the system under `recipe`."""
+    arguments = parse_train_args(["--recipe", recipe, "--config_overrides", json.dumps(system.overrides)])
+    return model_config(arguments, vocab_size=arguments.data.vocab_size, pad=0, eos=1)
