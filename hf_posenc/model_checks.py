@@ -26,7 +26,7 @@ def check_token_ids(ids: torch.Tensor, vocab_size: int, name: str, ignore_index:
 
     Shape and dtype are host-side metadata, checked always. The values are checked only for tensors on the CPU:
     reading them back to the host is free there, while on an accelerator it waits for the device, once per
-    training step and once per decoding step (issue #47: no host sync per step).
+    training step and once per decoding step.
     """
     if ids.dtype.is_floating_point or ids.dtype.is_complex or ids.dtype == torch.bool:
         raise TypeError(f"{name} must hold integer token ids (torch.long), got dtype {ids.dtype}.")
