@@ -404,7 +404,7 @@ MLP_INIT_STD, MLP_INIT_BIAS = 0.1, 0.1  # Adaptive-T5's MLP initialisation in th
 
 
 class AdaptiveT5PositionEncoding(PositionEncoding):
-    """Adaptive-T5 (Wu et al., AAAI 2021): T5's bias with learned soft buckets, as restated in issue 3.
+    """Adaptive-T5 (Wu et al., AAAI 2021): T5's bias with learned soft buckets.
 
     With r = j - i, head h:  f_h(r) = 1 - exp(-alpha_h r) for r > 0 and f_h(r) = 1 - exp(beta_h r) for
     r <= 0, where alpha_h = ReLU(a_h) / L and beta_h = ReLU(b_h) / L, L = `adaptive_t5_max_length`, a_h and
