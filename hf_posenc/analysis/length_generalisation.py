@@ -13,11 +13,16 @@ Two measurements over one line-aligned test set (sources, references):
 Every row reports sacreBLEU BLEU and chrF++ (`score_translations`), the hypothesis/reference length ratio
 (sacreBLEU's sys_len / ref_len: below 1 the model stops early), the sentence ends in the hypotheses and in the
 references (`count_sentence_ends`: with k sentences joined, a model that writes one sentence per input shows
-it here), the mean source length in tokens and the number of inputs. The comparison's sinusoidal Multi30k
-model fails this way: BLEU 35.5, 17.9, 6.8, 1.1 and length ratio 0.97, 0.71, 0.48, 0.26 for k = 1, 2, 4, 8,
-one sentence written for four at k = 4 (docs/length.md); the harness shows which modules avoid it.
+it here), the mean source length in tokens and the number of inputs.
 
-Decoding goes through `hf_posenc.pipeline.evaluation.scoring.translate` with the model's saved generation config
+**The ceiling.** Each joined row with k > 1 also scores the same model's sentence-by-sentence translations of the
+same groups: its k = 1 translations of the sentences of each group, joined like the sources (`ceiling`). It is
+what the model achieves on these inputs when no input is longer than one sentence, on exactly the sentences the
+row keeps (at k = 16 the groups hold 992 of 1,000 test sentences, and so does its ceiling), and it is not the
+k = 1 BLEU: BLEU's n-gram and brevity terms score the same translations higher on longer segments. `kept` is the
+row's BLEU over its ceiling's. It needs k = 1 among the measured k (it is in the default).
+
+Decoding goes through `hf_posenc.pipeline.evaluation.decoding.translate` with the model's saved generation config
 (beam 4, length penalty 0.6, up to source length + 50 new tokens, so the budget grows with the input). The
 buckets reuse the k = 1 translations (the same inputs) when k = 1 was decoded; otherwise each bucket is
 decoded on its own, so a model that cannot take the longest sentences still gets scores for the others.
@@ -140,6 +145,17 @@ def score_row(hypotheses: list[str], references: list[str]) -> dict:
     }
 
 
+def add_ceiling(row: dict, plain_hypotheses: list[str], references: list[str]) -> None:
+    """The row's ceiling (the k = 1 translations of its groups, joined; module docstring) and its BLEU over the
+    ceiling's (`kept`), for a scored row with k > 1."""
+    if row["k"] == 1 or row["bleu"] is None:
+        return
+    joined_hypotheses, joined_references = join_consecutive(plain_hypotheses, references, row["k"])
+    scores = score_row(joined_hypotheses, joined_references)
+    row["ceiling"] = {key: scores[key] for key in ("bleu", "chrf++", "length_ratio", "hyp_sentence_ends")}
+    row["kept"] = round(row["bleu"] / scores["bleu"], 4) if scores["bleu"] else None
+
+
 def empty_row(inputs: int, lengths: list[int]) -> dict:
     return {
         "inputs": inputs,
@@ -213,6 +229,9 @@ def measure_length_generalisation(
             row, _ = decode_row(translator, bucket_sources, bucket_references, bucket_lengths)
         bucket_rows.append({"bucket": bucket_label(low, high), "min_tokens": low, "max_tokens": high, **row})
 
+    if plain_hypotheses is not None:
+        for row in joined_rows:
+            add_ceiling(row, plain_hypotheses, references)
     signatures = None  # the same for every scored row: kept once
     for row in joined_rows + bucket_rows:
         signatures = row.pop("signatures", None) or signatures

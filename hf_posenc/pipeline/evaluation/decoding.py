@@ -2,6 +2,7 @@
 `load_translation_model` the one loader of a saved model folder, each with errors that name the bad setting or
 the missing file. Needs only the base install (no scoring library), so the CTranslate2 export can use it."""
 
+import re
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -37,6 +38,23 @@ def check_decoding_settings(model, generate_kwargs: dict) -> None:
             check_number(name, value, minimum=1, integer=True, hint=f"the decoding setting {origin}")
 
 
+# A sentence ends at sentence-final punctuation, with any closing quotes or brackets, followed by white space
+# (group 1: the white space the sentences are cut at).
+SENTENCE_BREAK = re.compile(r"[.!?。！？][\"'»”’)\]]*(\s+)")
+
+
+def split_sentences(text: str) -> list[str]:
+    """The sentences of `text`, cut at the white space after sentence-final punctuation (`SENTENCE_BREAK`); a
+    text without such a break is one sentence. A punctuation rule, not a trained splitter: an abbreviation's
+    dot followed by a space ("Mr. Smith") also ends a sentence."""
+    pieces, start = [], 0
+    for match in SENTENCE_BREAK.finditer(text):
+        pieces.append(text[start : match.start(1)])
+        start = match.end(1)
+    pieces.append(text[start:])
+    return [piece for piece in pieces if piece.strip()] or [text]
+
+
 @torch.no_grad()
 def translate(
     model,
@@ -48,6 +66,7 @@ def translate(
     progress_every_seconds: float = LOG_EVERY_SECONDS,
     progress_stream=None,
     progress_bar: bool = True,
+    split_sentences: bool = False,
     **generate_kwargs,
 ) -> list[str]:
     """Translate in length-sorted batches (less padding), returning outputs in the input order.
@@ -58,8 +77,29 @@ def translate(
     `bf16` decoding runs in bf16 autocast. Progress (sentences done/total) goes to a tqdm bar when
     `progress_stream` (default stderr) is a terminal and `progress_bar` is on, else to log lines every
     `progress_every_seconds`.
+
+    With `split_sentences`, every source text is cut into its sentences (`split_sentences`), the sentences of all
+    texts are translated as one set, and each text's translations are joined with a space in their order: a
+    document translated sentence by sentence, so that no input is longer than the sentences the model was trained
+    on (the length harness's ceiling, docs/length.md).
     """
     check_number("batch_size", batch_size, minimum=1, integer=True)
+    if split_sentences:
+        if sources and not isinstance(sources[0], str):
+            raise ValueError(
+                "split_sentences=True needs source texts, not token ids (ids cannot be cut into sentences)"
+            )
+        return translate_by_sentence(
+            model,
+            tokenizer,
+            sources,
+            batch_size,
+            bf16,
+            progress_every_seconds=progress_every_seconds,
+            progress_stream=progress_stream,
+            progress_bar=progress_bar,
+            **generate_kwargs,
+        )
     check_decoding_settings(model, generate_kwargs)
     model.eval()
     order = sorted(range(len(sources)), key=lambda i: len(sources[i]))
@@ -86,6 +126,14 @@ def translate(
         report.update(done, f"{done}/{len(sources)} sentences, {rate:.1f} sentences/s")
     report.close()
     return outputs
+
+
+def translate_by_sentence(model, tokenizer, sources: Sequence[str], batch_size: int, bf16: bool, **kwargs):
+    """`translate` with `split_sentences`: each text's sentences translated on their own, joined again."""
+    texts = [split_sentences(text) for text in sources]
+    flat = [sentence for sentences in texts for sentence in sentences]
+    translations = iter(translate(model, tokenizer, flat, batch_size, bf16, **kwargs))
+    return [" ".join(next(translations) for _ in sentences) for sentences in texts]
 
 
 def load_translation_model(folder, trust_remote_code: bool = False):
