@@ -4,8 +4,8 @@
 
 writes OUT/train.en.gz and OUT/train.de.gz (never commit them): `pairs` lines, each a Multi30k training pair drawn
 uniformly with replacement, or, with probability 0.4, two drawn pairs joined with a space on both sides. Captions
-are 13 words on average, so the lines are ~1.4 captions long: a corpus of the shape that took 7.9 GB as Python
-lists (issue #43).
+are 13 words on average, so the lines are ~1.4 captions long: the shape of corpus whose 1M pairs take 7.9 GB as
+Python lists (docs/training.md, the corpus cache).
 """
 
 import argparse

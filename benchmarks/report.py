@@ -1,5 +1,5 @@
 """The page `make bench` writes (benchmarks/run.py measures): ratios against stock Marian per phase measured,
-the MFU and torch.compile tables, and the issue targets judged on the numbers."""
+the MFU and torch.compile tables, and the speed and memory targets judged on the numbers."""
 
 import json
 import math
@@ -10,7 +10,7 @@ from .harness import COMPILED, STOCK_MARIAN
 from .systems import System
 
 NOTES_MARKER = "<!-- Everything below this line is kept when benchmarks/run.py rewrites this file. -->"
-# The issue's CPU targets: (system, metric, threshold, higher is better). Metrics are defined in `metric`.
+# The CPU targets: (system, metric, threshold, higher is better). Metrics are defined in `metric`.
 TARGETS = [
     ("sinusoidal", "train", 0.98, True),
     ("sinusoidal", "decode", 0.98, True),
@@ -27,7 +27,7 @@ TARGETS = [
 ]
 # Every system's per-token decoding time growth from the first to the last prefix, over the baseline's growth.
 DECODE_GROWTH_LIMIT = 1.2
-# The issue's model FLOPs utilisation targets for sinusoidal's training step, by (device type, size): the share
+# The model FLOPs utilisation targets for sinusoidal's training step, by (device type, size): the share
 # of the measured (CPU) or given (GPU) matmul peak of the best precision.
 MFU_TARGETS = {("cpu", "base"): 0.50, ("cuda", "base"): 0.35, ("cuda", "big"): 0.40}
 GPU_MODULE_SPEED = 0.8  # at base on a GPU, every module's training tokens/s over sinusoidal's
@@ -104,7 +104,7 @@ def mfu_section(results: dict, trained: list[str], args) -> list[str]:
 def targets_section(results: dict, systems: list[System], args) -> list[str]:
     names = {system.name for system in systems}
     lines = [
-        "## Issue targets",
+        "## Targets",
         "",
         "Ratios vs stock Marian; the judged number is the geometric mean over the training lengths (train,",
         "memory) or the generation settings (decode); the worst single length/setting is in parentheses.",

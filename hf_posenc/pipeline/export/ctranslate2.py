@@ -1,4 +1,4 @@
-"""Export a MarianPosEnc model to CTranslate2 and decode the export as `generate` does (issue #46).
+"""Export a MarianPosEnc model to CTranslate2 and decode the export as `generate` does.
 
 CTranslate2 (github.com/OpenNMT/CTranslate2) runs Marian-family translation models several times faster than
 `generate` on a CPU. Its stock `ct2-transformers-converter` fails on our models: its Marian loader drops the
