@@ -1,4 +1,7 @@
-# Two commands on a fresh machine with only python3: `make train` and `make test` (both create .venv).
+# `make train` and `make test` need python3 and nothing else installed: both create .venv and install the package
+# into it with the dev extra (from PyPI). `make test` also downloads the installed transformers version's source
+# distribution for transformers' own model tests; `make train` reads its data under HF_POSENC_DATA (below).
+# The other targets: train-stock, compare, test-all, lint, bench, docs (README.md, "Other targets").
 # Variables left empty pass nothing: the recipe (hf_posenc/pipeline/training/recipes/) and the config decide the
 # defaults.
 PYTHON ?= python3
@@ -66,7 +69,8 @@ lint: install
 
 ## Speed, memory and decoding cost of every registered module vs stock MarianMTModel, as ratios in one process:
 ## writes docs/benchmarks.md + docs/benchmarks_*.png; SIZE=base|big writes docs/benchmarks-SIZE.*
-## (SYSTEMS="marian shaw ..." THREADS=1 PHASES=training ARGS="--device cuda --compile")
+## (SYSTEMS="marian shaw ..." THREADS=1 PHASES=training; ARGS="--device cuda" measures on a GPU, "--compile"
+## also trains every system under torch.compile; ARGS="--help" lists the runner's flags)
 bench: install
 	$(PY) -m benchmarks.run --threads $(THREADS) $(if $(SIZE),--config $(SIZE)) \
 		$(if $(PHASES),--phases $(PHASES)) $(if $(SYSTEMS),--systems $(SYSTEMS)) $(ARGS)

@@ -91,8 +91,13 @@ def parse_args(argv):
     )
     parser.add_argument("--decode_prefixes", nargs="+", type=int, default=[10, 25, 50, 100, 200, 400])
     parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--threads", type=int, default=1, help="CPU threads (torch.set_num_threads)")
+    parser.add_argument(
+        "--device",
+        default="cpu",
+        help="torch device every system is built and measured on (cpu, cuda, cuda:1, ...); on CUDA the timings "
+        "synchronise the device, memory is its peak allocation, and length 1024 joins the default lengths",
+    )
     parser.add_argument(
         "--precision",
         choices=["auto", "bf16", "fp32"],
