@@ -1,20 +1,24 @@
-"""transformers' own common model tests (`ModelTesterMixin`) run against our models.
+"""transformers' own common model tests (`ModelTesterMixin`, and `GenerationTesterMixin` where it is available)
+run against `MarianPosEncModel` and `MarianPosEncForConditionalGeneration`.
 
-The tests come from the source distribution of the installed transformers version, which `make install` fetches
-from PyPI into .transformers-src/ (the wheel does not ship them). They run as transformers runs them for
-`MarianModel`/`MarianMTModel` (its tests/models/marian/test_modeling_marian.py): Marian's test sizes and
-inputs, only the classes and the config arguments changed, once per module configuration in `CONFIGS`.
+The tests come from the source distribution of the installed transformers version, which `make test` (and
+`make test-all`) fetches from PyPI into .transformers-src/ (the wheel does not ship them); without it this file
+is skipped. They run as transformers runs them for `MarianModel`/`MarianMTModel` (its
+tests/models/marian/test_modeling_marian.py): Marian's test sizes and inputs, only the classes and the config
+arguments changed, once per module configuration in `CONFIGS` (sinusoidal, RoPE, RPEHead, Shaw, T5 bias,
+rPosNet: one test class each).
 
 The sdist ships only the top-level files of transformers' tests/ folder: tests/test_modeling_common.py and its
 siblings, not the sub-folders they import from (generation/test_utils.py with `GenerationTesterMixin`,
 exporters/test_export.py, models/marian/). `import_upstream_tests` stands empty mixins in for those two
 modules, so `GenerationTesterMixin`'s tests and the export tests do not run from the sdist; Marian's own
 tester is rebuilt here (`MarianPosEncModelTester`). Where a full checkout of the same tag's tests/ is unpacked
-into .transformers-src/tests, the real mixins are imported and run. Generation is covered by our own suites
-meanwhile (tests/test_conformance.py: cached and uncached greedy and beam search agree, per-step scores).
+into .transformers-src/tests, the real mixins are imported and run. Generation is tested by
+tests/test_conformance.py either way (cached and uncached greedy and beam search agree, per-step scores).
 
-Deliberate differences from stock Marian, each a named skip in `DOCUMENTED_DIFFERENCES` with its reason
-(also listed in docs/architecture.md, "transformers' common model tests").
+Deliberate differences from stock Marian are named skips with their reasons: those of every configuration in
+`DOCUMENTED_DIFFERENCES`, those of one configuration in its `CONFIGS` entry (also listed in
+docs/architecture.md, "transformers' common model tests").
 """
 
 import importlib
