@@ -132,8 +132,8 @@ class MarianPosEncConfig(MarianConfig, ModuleHyperparameters):
         and their BPE forms: `generation_length.sentence_end_token_ids(tokenizer)`). Set, positions restart at 0
         after each sentence end in both stacks, and the sentence index 0, 1, 2, ... becomes a signal of its own
         (sentence_positions.py, docs/length.md). Not `</s>`, padding or the decoder start token. Needs content
-        attention at both self-attention sites and an encoding that reads positions (not `rpe_head`,
-        `mpr_head`, `shaw`); excludes `randomized_positions_max`.
+        attention at both self-attention sites and an encoding that takes restarting positions (not `rpe_head`,
+        `mpr_head`, `shaw`, `posnet_embed`, `posnet_attn`); excludes `randomized_positions_max`.
     sentence_embedding (`str`, defaults to `"learned"`): how the sentence index enters each stack's input:
         `"learned"` adds a learned row per sentence index (Ma et al. 2020's segment embedding), `"none"` adds
         nothing.
@@ -316,7 +316,9 @@ class MarianPosEncConfig(MarianConfig, ModuleHyperparameters):
                 )
         if len(set(self.log_length_scaling)) != len(self.log_length_scaling):
             raise ValueError(f"log_length_scaling={list(self.log_length_scaling)} names a site twice.")
-        encodings = {f"{stack}_position_encoding": getattr(self, f"{stack}_position_encoding") for stack in STACKS}
+        encodings = {
+            f"{stack}_position_encoding": getattr(self, f"{stack}_position_encoding") for stack in STACKS
+        }
         if self.rope_scaling is not None and ROPE not in encodings.values():
             raise ValueError(
                 f"rope_scaling={self.rope_scaling!r} rescales the {ROPE!r} position encoding, which neither stack "
@@ -330,13 +332,21 @@ class MarianPosEncConfig(MarianConfig, ModuleHyperparameters):
         holds L positions."""
         draws = self.randomized_positions_max
         if draws < 0:
-            raise ValueError(f"randomized_positions_max={draws} must be >= 0 (0 turns randomized positions off).")
+            raise ValueError(
+                f"randomized_positions_max={draws} must be >= 0 (0 turns randomized positions off)."
+            )
         if not draws:
             return
         if self.shape_max_shift:
             raise ValueError(
                 f"randomized_positions_max={draws} and shape_max_shift={self.shape_max_shift} cannot both be set: "
                 "a SHAPE shift of randomized positions is another random draw; set one of them to 0."
+            )
+        if self.sentence_end_token_ids:
+            raise ValueError(
+                f"randomized_positions_max={draws} and sentence_end_token_ids={self.sentence_end_token_ids} cannot "
+                "both be set: positions either restart at each sentence or are drawn at random; set "
+                "randomized_positions_max=0 or sentence_end_token_ids=[]."
             )
         modules = [
             (f"{stack}_position_encoding", POSITION_ENCODINGS[getattr(self, f"{stack}_position_encoding")])

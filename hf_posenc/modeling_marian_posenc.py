@@ -47,6 +47,7 @@ from .base import (
     PositionContext,
     PositionEncoding,
     TokenMixer,
+    additive_mask,
     positions_from_padding_mask,
     stack_score_mask,
     with_score_mask,
@@ -60,6 +61,14 @@ from .generation_length import (
 )
 from .model_checks import CheckedLoading, check_num_items_in_batch, check_token_ids
 from .registry import POSITION_ENCODINGS, TOKEN_MIXERS
+from .sentence_positions import (
+    SENTENCE_POSITIONS,
+    SENTENCE_STATE,
+    SentenceBoundaries,
+    SentenceCrossAttentionBias,
+    SentenceEmbedding,
+    SentencePositions,
+)
 
 logger = logging.get_logger(__name__)
 
@@ -79,6 +88,15 @@ def shift_tokens_right(labels: torch.Tensor, pad_token_id: int, decoder_start_to
     shifted[:, 1:] = labels[:, :-1]
     shifted[:, 0] = decoder_start_token_id
     return shifted.masked_fill(shifted == -100, pad_token_id)
+
+
+@dataclasses.dataclass
+class MarianPosEncEncoderOutput(BaseModelOutput):
+    """`BaseModelOutput` with each source token's sentence index, (B, S), when the model finds sentences
+    (`sentence_end_token_ids`; sentence_positions.py): the decoder's cross-attention sentence bias reads them, and
+    `generate` repeats them over beams with the rest of the encoder output."""
+
+    sentence_indices: torch.LongTensor | None = None
 
 
 def as_posenc_cache(cache: Cache | None, config) -> PosEncCache | None:
@@ -201,7 +219,8 @@ class MarianPosEncPreTrainedModel(CheckedLoading, PreTrainedModel):
         `reset_parameters` (with `transformers.initialization`, which leaves loaded tensors alone).
         """
         super()._init_weights(module)
-        if isinstance(module, (PositionEncoding, TokenMixer)) and hasattr(module, "reset_parameters"):
+        positional = (PositionEncoding, TokenMixer, SentenceEmbedding, SentenceCrossAttentionBias)
+        if isinstance(module, positional) and hasattr(module, "reset_parameters"):
             module.reset_parameters()
         elif isinstance(module, MarianPosEncForConditionalGeneration):
             init.zeros_(module.final_logits_bias)
@@ -234,6 +253,13 @@ class MarianPosEncStack(MarianPosEncPreTrainedModel):
         self.position_encoding = POSITION_ENCODINGS[getattr(config, f"{stack}_position_encoding")](
             config, stack
         )
+        # Sentence-aware positions (sentence_positions.py): where sentences start, and the sentence index's table.
+        sentences = bool(config.sentence_end_token_ids)
+        self.sentence_boundaries = SentenceBoundaries(config) if sentences else None
+        learned = sentences and config.sentence_embedding == "learned"
+        self.sentence_embedding = SentenceEmbedding(config) if learned else None
+        cross_bias = stack == DECODER and config.sentence_cross_attention_bias
+        self.sentence_cross_attention_bias = SentenceCrossAttentionBias(config) if cross_bias else None
         self.layers = nn.ModuleList([layer_class(config, i) for i in range(num_layers)])
         mixers = [module for module in self.layers.modules() if isinstance(module, TokenMixer)]
         for mixer in mixers:
@@ -297,8 +323,15 @@ class MarianPosEncStack(MarianPosEncPreTrainedModel):
         chosen = keys.argsort(dim=-1)[:, :length]  # (B, T): a uniform random T-subset of 0..L-1, unsorted
         counts = positions.amax(dim=-1, keepdim=True) + 1  # (B|1, 1): a row's real tokens
         ranks = torch.arange(length, device=positions.device)  # (T,)
-        chosen = chosen.masked_fill(ranks >= counts, draws).sort(dim=-1).values  # (B, T): a row's n draws first
+        chosen = chosen.masked_fill(ranks >= counts, draws).sort(dim=-1).values  # (B, T): a row's first
         return chosen.gather(-1, positions.expand(batch_size, -1))  # (B, T)
+
+    def embed_sentences(self, hidden_states, sentences: SentencePositions | None, largest: int):
+        """The stack's input plus the learned row of each token's sentence index (unchanged without one);
+        `largest` bounds the indices on the host."""
+        if sentences is None or self.sentence_embedding is None:
+            return hidden_states
+        return self.sentence_embedding(hidden_states, sentences.indices, largest)  # (B, L, D)
 
     def run_layers(
         self, hidden_states, layer_args: tuple, output_attentions, output_hidden_states, **layer_kwargs
@@ -354,6 +387,10 @@ class MarianPosEncEncoder(MarianPosEncStack):
         position_ids = positions_from_padding_mask(attention_mask, length, inputs_embeds.device)  # (B|1, L)
         # Without a mask the positions are 0..L-1; with one, their span is read once per encoder forward.
         span = (0, length - 1) if attention_mask is None else None
+        sentences = None
+        if self.sentence_boundaries is not None:  # positions restart at each sentence: span read off them
+            sentences = self.sentence_boundaries(input_ids, position_ids, attention_mask)
+            position_ids, span = sentences.positions, None  # (B, L)
         offsets = self.shape_offsets(inputs_embeds.shape[0], inputs_embeds.device)
         if offsets is not None:  # SHAPE: bounded by the largest shift, so a short table fails on every batch
             position_ids = position_ids + offsets  # (B, L)
@@ -362,7 +399,10 @@ class MarianPosEncEncoder(MarianPosEncStack):
         if randomized is not None:  # bounded by L, so a table shorter than L fails on every training batch
             position_ids, span = randomized, (0, self.config.randomized_positions_max - 1)  # (B, L)
         context = PositionContext(self.position_encoding, position_ids, position_ids, span, span)
+        if sentences is not None:
+            context.query_order = context.key_order = sentences.order
         hidden_states = self.position_encoding.embed(inputs_embeds, context, attention_mask, None)
+        hidden_states = self.embed_sentences(hidden_states, sentences, length - 1)
         hidden_states = nn.functional.dropout(hidden_states, p=self.dropout, training=self.training)
 
         mask = create_bidirectional_mask(
@@ -372,8 +412,11 @@ class MarianPosEncEncoder(MarianPosEncStack):
         hidden_states, all_hidden_states, (all_attentions,) = self.run_layers(
             hidden_states, (mask, score_mask, context), output_attentions, output_hidden_states
         )
-        return BaseModelOutput(
-            last_hidden_state=hidden_states, hidden_states=all_hidden_states, attentions=all_attentions
+        return MarianPosEncEncoderOutput(
+            last_hidden_state=hidden_states,
+            hidden_states=all_hidden_states,
+            attentions=all_attentions,
+            sentence_indices=sentences.indices if sentences is not None else None,
         )
 
 
@@ -382,6 +425,55 @@ class MarianPosEncDecoder(MarianPosEncStack):
 
     def __init__(self, config: MarianPosEncConfig):
         super().__init__(config, DECODER, MarianPosEncDecoderLayer, config.decoder_layers)
+
+    def decoder_sentences(self, input_ids, order, past_length: int, cache) -> SentencePositions | None:
+        """Sentence positions of the new tokens, with `positions` (B, k) covering the cached tokens too (the keys);
+        the state of the last token and every token's position travel in the cache (None: sentences off).
+        `order` (1, q): the new tokens' places, past_length onwards."""
+        if self.sentence_boundaries is None:
+            return None
+        state = history = None
+        if past_length:
+            if SENTENCE_STATE not in cache.extra_state:
+                raise ValueError(
+                    "the decoder cache holds cached tokens but no sentence state (sentence_end_token_ids): "
+                    "continue decoding with the cache this model returned."
+                )
+            state, history = cache.extra_state[SENTENCE_STATE], cache.extra_state[SENTENCE_POSITIONS]
+        new = self.sentence_boundaries(input_ids, order, None, state)
+        if history is not None:
+            new.positions = torch.cat([history, new.positions], dim=1)  # (B, k)
+        if cache is not None:
+            cache.extra_state[SENTENCE_STATE] = new.state  # (B, 3)
+            cache.extra_state[SENTENCE_POSITIONS] = new.positions  # (B, k)
+        return new
+
+    def sentence_context(self, sentences, offsets, context: PositionContext) -> PositionContext:
+        """The self-attention context with in-sentence positions (SHAPE-shifted), ordered by `context`'s."""
+        keys = sentences.positions if offsets is None else sentences.positions + offsets  # (B, k)
+        queries = keys[:, keys.shape[1] - context.query_positions.shape[1] :]  # (B, q)
+        span = (0, context.key_span[1])  # positions restart: the smallest may be 0 at any step
+        return PositionContext(
+            self.position_encoding,
+            queries,
+            keys,
+            span,
+            span,
+            query_order=context.query_positions,
+            key_order=context.key_positions,
+        )
+
+    def sentence_cross_mask(self, cross_mask, sentences, source_indices, context, dtype):
+        """The cross-attention mask with the sentence bias folded in, so SDPA keeps its fused kernel."""
+        if self.sentence_cross_attention_bias is None:
+            return cross_mask
+        if source_indices is None:
+            raise ValueError(
+                "sentence_cross_attention_bias needs the source's sentence indices: pass encoder_outputs as the "
+                "encoder returns them (MarianPosEncEncoderOutput.sentence_indices), not a tuple or your own output."
+            )
+        bias = self.sentence_cross_attention_bias(sentences.indices, source_indices).to(dtype)  # (B, H, q, S)
+        return additive_mask(cross_mask, bias, context, is_causal=False)
 
     @can_return_tuple
     def forward(
@@ -395,8 +487,11 @@ class MarianPosEncDecoder(MarianPosEncStack):
         use_cache=None,
         output_attentions=None,
         output_hidden_states=None,
+        encoder_sentence_indices=None,
         **kwargs,
     ) -> BaseModelOutputWithPastAndCrossAttentions:
+        r"""encoder_sentence_indices (`(B, S)`): the source tokens' sentence indices, from the encoder's output
+        (`MarianPosEncEncoderOutput.sentence_indices`); needed with `sentence_cross_attention_bias`."""
         if encoder_hidden_states is None:
             raise ValueError(
                 "the decoder needs encoder_hidden_states, the encoder's output (B, S, D): every decoder layer "
@@ -413,6 +508,8 @@ class MarianPosEncDecoder(MarianPosEncStack):
         # Query positions come from the number of cached positions: the one place that decides them.
         past_length = past_key_values.get_seq_length() if past_key_values is not None else 0
         key_positions = torch.arange(past_length + query_length, device=device)[None]  # (1, k)
+        order = key_positions[:, past_length:]  # (1, q)
+        sentences = self.decoder_sentences(input_ids, order, past_length, past_key_values)
         offsets = self.shape_offsets(batch_size, device)
         if offsets is not None:
             if isinstance(past_key_values, PosEncCache):  # the first step's offsets serve the later steps
@@ -448,12 +545,18 @@ class MarianPosEncDecoder(MarianPosEncStack):
             self.position_encoding, query_positions, key_positions, query_span, (0, last)
         )
         cross_context = PositionContext(None, query_positions, source_positions, query_span, source_span)
+        if sentences is not None:  # self-attention and embeddings; cross-attention keeps the order
+            self_context = self.sentence_context(sentences, offsets, self_context)
+            cross_mask = self.sentence_cross_mask(
+                cross_mask, sentences, encoder_sentence_indices, cross_context, inputs_embeds.dtype
+            )
         randomized = self.randomized_positions(key_positions, batch_size, past_length)
-        if randomized is not None:  # self-attention and embeddings only: cross-attention keeps plain positions
+        if randomized is not None:  # embeddings and self-attention; cross-attention keeps plain positions
             span = (0, self.config.randomized_positions_max - 1)
             self_context = PositionContext(self.position_encoding, randomized, randomized, span, span)
         score_mask = stack_score_mask(self.position_encoding, causal_mask, self_context, is_causal=True)
         hidden_states = self.position_encoding.embed(inputs_embeds, self_context, None, past_key_values)
+        hidden_states = self.embed_sentences(hidden_states, sentences, past_length + query_length - 1)
         hidden_states = nn.functional.dropout(hidden_states, p=self.dropout, training=self.training)
         hidden_states, all_hidden_states, (all_self_attentions, all_cross_attentions) = self.run_layers(
             hidden_states,
@@ -538,6 +641,7 @@ class MarianPosEncModel(MarianPosEncPreTrainedModel):
             attention_mask=decoder_attention_mask,
             encoder_hidden_states=encoder_outputs.last_hidden_state,
             encoder_attention_mask=attention_mask,
+            encoder_sentence_indices=getattr(encoder_outputs, "sentence_indices", None),
             past_key_values=past_key_values,
             inputs_embeds=decoder_inputs_embeds,
             use_cache=use_cache,

@@ -209,6 +209,9 @@ class PosNetEmbedding(PositionEncoding):
         ),
     }
     position_table_fields = ("posnet_embed_max_positions", "max_position_embeddings")
+    # The kernel product takes positions that rise by 0 or 1 per token (`first_of_consecutive`), which positions
+    # restarting at each sentence do not.
+    supports_sentence_positions = False
     variants = {
         "separate-stacks": {"posnet_shared": False},
         "decoder-only": {"encoder_position_encoding": "sinusoidal"},
@@ -329,6 +332,9 @@ class PosNetAttention(PositionEncoding):
         ),
     }
     position_table_fields = ("posnet_attn_max_positions", "max_position_embeddings")
+    # The kernel product takes positions that rise by 0 or 1 per token (`first_of_consecutive`), which positions
+    # restarting at each sentence do not.
+    supports_sentence_positions = False
     variants = {
         "per-head-dropout": {"posnet_attn_per_head": True, "posnet_dropout": 0.1},
         "per-layer-dropout": {"posnet_attn_share_layers": False, "posnet_dropout": 0.1},

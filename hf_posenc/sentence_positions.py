@@ -63,12 +63,13 @@ SENTENCE_FIELDS = (
 
 @dataclasses.dataclass
 class SentencePositions:
-    """One forward's tokens: in-sentence positions p_t and sentence indices s_t, (B, L) each, and the state after
-    the last token, (B, 3) (`SENTENCE_STATE`)."""
+    """One forward's tokens: in-sentence positions p_t and sentence indices s_t, (B, L) each, the state after the
+    last token, (B, 3) (`SENTENCE_STATE`), and the tokens' order t, (B|1, L), that causality is read from."""
 
     positions: torch.Tensor
     indices: torch.Tensor
     state: torch.Tensor
+    order: torch.Tensor
 
 
 class SentenceBoundaries:
@@ -102,16 +103,17 @@ class SentenceBoundaries:
         end_ids, continuation_ids = self.ids(token_ids.device)
         if state is None:
             state = token_ids.new_zeros(token_ids.shape[0], 3)  # sentence 0, starting at 0, no end before
-        order = order.expand_as(token_ids)  # (B, L)
         ends = torch.isin(token_ids, end_ids)  # (B, L)
         after_end = torch.cat([state[:, 2:].bool(), ends[:, :-1]], dim=1)  # (B, L)
         starts = after_end & ~torch.isin(token_ids, continuation_ids)
         if padding_mask is not None:
             starts = starts & padding_mask.bool()
         indices = state[:, :1] + starts.long().cumsum(1)  # (B, L)
-        first = torch.where(starts, order, state[:, 1:2]).cummax(1).values  # (B, L): order of the sentence start
+        first = (
+            torch.where(starts, order, state[:, 1:2]).cummax(1).values
+        )  # (B, L): order of the sentence start
         new_state = torch.stack([indices[:, -1], first[:, -1], ends[:, -1].long()], dim=1)  # (B, 3)
-        return SentencePositions(order - first, indices, new_state)
+        return SentencePositions(order - first, indices, new_state, order)
 
 
 class SentenceEmbedding(nn.Module):
@@ -164,7 +166,9 @@ def field_default(config, name: str):
 def check_sentence_config(config, position_encodings, token_mixers) -> None:
     """Raise a ValueError naming the bad value and the allowed ones (called by the config's `check_choices`)."""
     ends = config.sentence_end_token_ids
-    if any(not isinstance(i, int) or not 0 <= i < config.vocab_size for i in ends) or len(set(ends)) < len(ends):
+    if any(not isinstance(i, int) or not 0 <= i < config.vocab_size for i in ends) or len(set(ends)) < len(
+        ends
+    ):
         raise ValueError(
             f"sentence_end_token_ids={ends} must be distinct token ids in 0..{config.vocab_size - 1}."
         )
@@ -185,12 +189,6 @@ def check_sentence_config(config, position_encodings, token_mixers) -> None:
     check_sentence_fields_used(config)
     if not ends:
         return
-    if config.randomized_positions_max:
-        raise ValueError(
-            f"sentence_end_token_ids and randomized_positions_max={config.randomized_positions_max} cannot both "
-            "be set: the random draw replaces the order that in-sentence positions count from; set "
-            "randomized_positions_max=0 or sentence_end_token_ids=[]."
-        )
     for stack in STACKS:
         encoding = getattr(config, f"{stack}_position_encoding")
         if not position_encodings[encoding].supports_sentence_positions:
@@ -218,10 +216,14 @@ def check_sentence_fields_used(config) -> None:
     if not config.sentence_end_token_ids:
         unused = [name for name in SENTENCE_FIELDS if getattr(config, name) != field_default(config, name)]
     else:
-        if config.sentence_embedding == "none" and config.max_sentences != field_default(config, "max_sentences"):
+        if config.sentence_embedding == "none" and config.max_sentences != field_default(
+            config, "max_sentences"
+        ):
             unused.append("max_sentences")
         distance = "sentence_cross_attention_max_distance"
-        if not config.sentence_cross_attention_bias and getattr(config, distance) != field_default(config, distance):
+        if not config.sentence_cross_attention_bias and getattr(config, distance) != field_default(
+            config, distance
+        ):
             unused.append(distance)
     if unused:
         raise ValueError(
