@@ -20,12 +20,21 @@ import torch
 from torch import nn
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
-from .base import VASWANI, Hyperparameter, PositionContext, TokenMixer, additive_mask, causal_mask
+from .base import (
+    ATTENTION_SITES,
+    VASWANI,
+    Hyperparameter,
+    PositionContext,
+    TokenMixer,
+    additive_mask,
+    causal_mask,
+)
 from .mixer_base import GeluGating, cached_cross_attention_states, update_site_cache
 
 
-def log_key_counts(attention_mask, queries: int, keys: int, is_causal: bool, device) -> torch.Tensor:
-    """log n for every query, n the keys it may attend to (Chiang & Cholak 2022): (B|1, 1|H, q, 1) or (q, 1).
+def log_key_counts(attention_mask, query, key, is_causal: bool) -> torch.Tensor:
+    """log n for every query of (B, H, q, Dh) against the keys (B, H, k, Dh), n the keys it may attend to
+    (Chiang & Cholak 2022), in the query's dtype: (B|1, 1|H, q, 1), (q, 1) or (1, 1).
 
     n is counted in the mask the mixer receives (SDPA: True where allowed; eager: the dtype's minimum where not,
     0 or a folded bias elsewhere), so padded keys never count, whatever the positions are (SHAPE, randomized
@@ -40,10 +49,11 @@ def log_key_counts(attention_mask, queries: int, keys: int, is_causal: bool, dev
             allowed = attention_mask > torch.finfo(attention_mask.dtype).min
         counts = allowed.sum(dim=-1, keepdim=True)  # (B|1, 1|H, q, 1)
     elif is_causal:
-        counts = torch.arange(keys - queries + 1, keys + 1, device=device)[:, None]  # (q, 1)
+        keys = key.shape[2]
+        counts = torch.arange(keys - query.shape[2] + 1, keys + 1, device=query.device)[:, None]  # (q, 1)
     else:
-        return torch.full((1, 1), math.log(keys), device=device)  # (1, 1)
-    return counts.clamp(min=1).float().log()
+        return torch.full((1, 1), math.log(key.shape[2]), dtype=query.dtype, device=query.device)  # (1, 1)
+    return counts.clamp(min=1).float().log().to(query.dtype)
 
 
 def eager_attention(module, query, key, value, attention_mask, scaling, dropout=0.0, **kwargs):
@@ -73,6 +83,7 @@ class ContentAttention(TokenMixer):
     # whose decoder reads every cached key's in-sentence position; both with the cross-attention sentence bias.
     variants = {
         "gated": {"attention_gating": True},
+        "log-length": {"log_length_scaling": list(ATTENTION_SITES)},
         "sentences": {"sentence_end_token_ids": [5, 11, 17, 23, 29], "sentence_cross_attention_bias": True},
         "sentences-rope": {
             "position_encoding": "rope",
@@ -142,8 +153,7 @@ class ContentAttention(TokenMixer):
             key, value = update_site_cache(self, past_key_values, key, value)
 
         if self.log_length_scaling:  # logits times log n, through the queries (B, H, q, Dh)
-            counts = log_key_counts(attention_mask, query.shape[2], key.shape[2], self.is_causal, query.device)
-            query = query * counts.to(query.dtype)
+            query = query * log_key_counts(attention_mask, query, key, self.is_causal)
         dropout = self.dropout if self.training else 0.0
         if encoding is not None and encoding.has_custom_attention:
             output, weights = encoding.attend(

@@ -1,0 +1,455 @@
+"""Three length-generalisation options (docs/length.md): randomized positions in training
+(`randomized_positions_max`, Ruoss et al. 2023), log-length attention scaling (`log_length_scaling`, Chiang &
+Cholak 2022) and RoPE scaling at inference (`rope_scaling`, transformers' ROPE_INIT_FUNCTIONS). The conformance
+suite runs their variants (`learned-randomized`, `attention-log-length`, `rope-dynamic-scaling`,
+`rope-yarn-scaling`) through the cache, beam search, save/load and remote-code checks; this file tests what each
+option computes."""
+
+import json
+
+import pytest
+import torch
+from conftest import PAD, VOCAB, decode_with_cache, source_batch, target_batch, tiny_config, tiny_model
+from transformers import LlamaConfig
+from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+from hf_posenc import MarianPosEncForConditionalGeneration
+from hf_posenc.base import ATTENTION_SITES, PositionContext
+
+DRAWS = 48  # L of the randomized positions; the tiny models' tables hold 64
+DYNAMIC = {"rope_type": "dynamic", "factor": 2.0, "original_max_position_embeddings": 4}
+YARN = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 4}
+LINEAR = {"rope_type": "linear", "factor": 4.0}
+
+
+def record_contexts(model, monkeypatch) -> dict[str, list[PositionContext]]:
+    """The contexts each stack's position encoding receives in `embed`, and the decoder's first cross-attention
+    mixer in its forward."""
+    seen = {"encoder": [], "decoder": [], "cross": []}
+    for stack in ("encoder", "decoder"):
+        encoding = getattr(model.model, stack).position_encoding
+        monkeypatch.setattr(
+            encoding,
+            "embed",
+            lambda inputs, context, *args, f=encoding.embed, stack=stack: (
+                seen[stack].append(context) or f(inputs, context, *args)
+            ),
+        )
+    cross = model.model.decoder.layers[0].encoder_attn
+    original = cross.forward
+    monkeypatch.setattr(
+        cross,
+        "forward",
+        lambda *args, **kwargs: seen["cross"].append(kwargs["context"]) or original(*args, **kwargs),
+    )
+    return seen
+
+
+def training_batch(batch=64, length=12):
+    """Sources with every other row padded after 5 tokens, and labels."""
+    src = torch.randint(2, VOCAB, (batch, length))
+    mask = torch.ones_like(src)
+    mask[1::2, 5:] = 0
+    src[mask == 0] = PAD
+    return src, mask, torch.randint(2, VOCAB, (batch, 7))
+
+
+# Randomized positions
+
+
+def test_randomized_positions_are_sorted_distinct_and_in_range_in_training(monkeypatch):
+    """In training each real token's position is one of n sorted distinct draws from 0..L-1 (n the row's real
+    tokens), rows and stacks draw differently, the spans bound the draws by L - 1, and cross-attention keeps
+    the plain positions of both sides."""
+    model = tiny_model(position_encoding="sinusoidal", randomized_positions_max=DRAWS).train()
+    seen = record_contexts(model, monkeypatch)
+    src, mask, labels = training_batch()
+    model(input_ids=src, attention_mask=mask, labels=labels)
+    draws = {}
+    for stack, real in (("encoder", mask.bool()), ("decoder", torch.ones(64, 7, dtype=torch.bool))):
+        (context,) = seen[stack]
+        positions = context.query_positions
+        assert positions.shape == real.shape
+        assert context.query_span == context.key_span == (0, DRAWS - 1)
+        for row in range(positions.shape[0]):
+            kept = positions[row][real[row]]
+            assert (kept.diff() > 0).all() and 0 <= int(kept.min()) and int(kept.max()) < DRAWS
+        assert len({tuple(row.tolist()) for row in positions}) > 60  # every row draws its own
+        draws[stack] = positions[:, :5]
+    assert not torch.equal(draws["encoder"], draws["decoder"])
+    (cross,) = seen["cross"]
+    torch.testing.assert_close(cross.query_positions, torch.arange(7)[None], atol=0, rtol=0)
+    torch.testing.assert_close(cross.key_positions, (mask.cumsum(-1) - 1).clamp(min=0), atol=0, rtol=0)
+
+
+def test_randomized_positions_are_a_uniform_subset_per_row_padded_or_not(monkeypatch):
+    """A row of n real tokens takes a uniform n-subset of 0..L-1: every position is drawn with probability n / L,
+    in a padded row as in a full one (the first n of the batch's T sorted draws would favour small positions)."""
+    model = tiny_model(position_encoding="sinusoidal", randomized_positions_max=16).train()
+    seen = record_contexts(model, monkeypatch)
+    src, mask, labels = training_batch(batch=4000, length=8)
+    with torch.no_grad():
+        model.get_encoder()(input_ids=src, attention_mask=mask)
+    positions = seen["encoder"][0].query_positions
+    for rows, n in ((slice(0, None, 2), 8), (slice(1, None, 2), 5)):
+        real = positions[rows][mask[rows].bool()].reshape(-1, n)
+        frequency = torch.bincount(real.flatten(), minlength=16).float() / real.shape[0]  # (L,)
+        torch.testing.assert_close(frequency, torch.full((16,), n / 16), atol=0.05, rtol=0)
+
+
+def test_randomized_positions_leave_inference_unchanged_and_deterministic():
+    """Only training draws: in eval mode the model gives the logits of the same model without the option, on
+    every call."""
+    src, mask = source_batch()
+    logits = []
+    for draws in (0, DRAWS, DRAWS):
+        model = tiny_model(position_encoding="learned", randomized_positions_max=draws)
+        with torch.no_grad():
+            logits.append(model(input_ids=src, attention_mask=mask, decoder_input_ids=target_batch()).logits)
+    for other in logits[1:]:
+        torch.testing.assert_close(other, logits[0], atol=0, rtol=0)
+
+
+@pytest.mark.parametrize("name", ["rope", "alibi", "t5_bias", "learned", "posnet_embed"])
+def test_randomized_positions_reach_tables_rotations_and_biases(name):
+    """Without dropout, a training forward with randomized positions differs from one without (the positions
+    reach the table, the rotation or the bias), and a model takes an optimizer step with finite loss and
+    gradients."""
+    src, mask = source_batch()
+    labels = target_batch()[:, 1:].clone()
+    outputs = []
+    for draws in (0, DRAWS):
+        model = tiny_model(position_encoding=name, randomized_positions_max=draws, dropout=0.0).train()
+        outputs.append(model(input_ids=src, attention_mask=mask, labels=labels))
+    # each forward is deterministic but for the draw: the logits are equal unless the positions count
+    assert not torch.equal(outputs[0].logits, outputs[1].logits)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    outputs[1].loss.backward()
+    assert all(p.grad is None or torch.isfinite(p.grad).all() for p in model.parameters())
+    before = [p.detach().clone() for p in model.parameters()]
+    optimizer.step()
+    assert any(not torch.equal(b, p) for b, p in zip(before, model.parameters(), strict=True))
+    assert torch.isfinite(model(input_ids=src, attention_mask=mask, labels=labels).loss)
+
+
+def test_randomized_positions_refuse_a_cached_training_decode_and_a_too_long_sequence():
+    model = tiny_model(position_encoding="rope", randomized_positions_max=8).train()
+    src, mask = source_batch(length=8)
+    tgt = target_batch()
+    out = model(input_ids=src, attention_mask=mask, decoder_input_ids=tgt[:, :2], use_cache=True)
+    with pytest.raises(ValueError, match=r"randomized_positions_max=8.*after 2 cached ones.*model.eval"):
+        model(
+            input_ids=src,
+            attention_mask=mask,
+            decoder_input_ids=tgt[:, 2:3],
+            past_key_values=out.past_key_values,
+        )
+    with pytest.raises(ValueError, match=r"got 9 new tokens.*fit in 8 positions"):
+        model(input_ids=src, attention_mask=mask, decoder_input_ids=tgt)
+    model.eval()
+    decode_with_cache(model, model.get_encoder()(input_ids=src, attention_mask=mask), mask, tgt)
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        ({"randomized_positions_max": -1}, r"randomized_positions_max=-1 must be >= 0"),
+        (
+            {"randomized_positions_max": 8, "shape_max_shift": 4},
+            r"randomized_positions_max=8 and shape_max_shift=4",
+        ),
+        (
+            {"randomized_positions_max": 8, "position_encoding": "shaw"},
+            r"encoder_position_encoding='shaw'.*indices",
+        ),
+        (
+            {"randomized_positions_max": 100, "position_encoding": "learned"},
+            r"randomized_positions_max=100 .* encoder_position_encoding='learned' has a table of "
+            r"max_position_embeddings=64 positions: set max_position_embeddings >= 100",
+        ),
+        (
+            {
+                "randomized_positions_max": 40,
+                "position_encoding": "posnet_embed",
+                "posnet_embed_max_positions": 32,
+            },
+            r"posnet_embed_max_positions=32 positions: set posnet_embed_max_positions >= 40",
+        ),
+        (
+            {
+                "randomized_positions_max": 100,
+                "position_encoding": "rope",
+                "decoder_self_attention": "rposnet",
+            },
+            r"decoder_self_attention='rposnet' has a table of max_position_embeddings=64",
+        ),
+        (
+            {"randomized_positions_max": 8, "sentence_end_token_ids": [5]},
+            r"randomized_positions_max=8 and sentence_end_token_ids=\[5\] cannot both be set",
+        ),
+    ],
+)
+def test_randomized_positions_config_errors_name_the_fields(overrides, message):
+    with pytest.raises(ValueError, match=message):
+        tiny_config(**overrides)
+
+
+def test_unbounded_encodings_take_any_randomized_range():
+    config = tiny_config(position_encoding="rope", randomized_positions_max=1000)
+    assert MarianPosEncForConditionalGeneration(config).config.randomized_positions_max == 1000
+
+
+# Log-length attention scaling
+
+
+def site_weights(model, src, mask, tgt, site: str) -> torch.Tensor:
+    """Layer 0's attention weights at `site` (eager, returned by the model)."""
+    out = model(input_ids=src, attention_mask=mask, decoder_input_ids=tgt, output_attentions=True)
+    name = {
+        "encoder_self_attention": "encoder_attentions",
+        "decoder_self_attention": "decoder_attentions",
+        "cross_attention": "cross_attentions",
+    }[site]
+    return getattr(out, name)[0]
+
+
+@pytest.mark.parametrize("site", ATTENTION_SITES)
+@pytest.mark.parametrize("encoding", ["sinusoidal", "t5_bias"])
+def test_log_length_scaling_multiplies_the_logits_by_log_n(site, encoding):
+    """At the scaled site, softmax(log n · logits): n the keys each query may attend to (a padded source's real
+    tokens; query position + 1 in the decoder's self-attention), recovered from the unscaled weights (log w is
+    the logits up to a per-query constant). A score bias (T5) is added unscaled."""
+    src, mask = source_batch()
+    tgt = target_batch()
+    weights = {}
+    for sites in ([], [site]):
+        model = tiny_model(position_encoding=encoding, log_length_scaling=sites, attn_implementation="eager")
+        with torch.no_grad():
+            weights[bool(sites)] = site_weights(model, src, mask, tgt, site)
+    plain, scaled = weights[False], weights[True]  # (B, H, q, k)
+    allowed = plain > 0
+    counts = allowed.sum(-1, keepdim=True)  # (B, H, q, 1)
+    if site == "decoder_self_attention":
+        torch.testing.assert_close(counts[0, 0, :, 0], torch.arange(1, tgt.shape[1] + 1), atol=0, rtol=0)
+    else:
+        torch.testing.assert_close(counts[:, 0, 0, 0], mask.sum(-1), atol=0, rtol=0)
+    if encoding == "t5_bias" and site != "cross_attention":
+        assert not torch.allclose(scaled, torch.softmax(counts.log() * plain.log(), dim=-1).nan_to_num())
+        return
+    logits = plain.log().masked_fill(~allowed, 0) * counts.log()
+    expected = torch.softmax(logits.masked_fill(~allowed, float("-inf")), dim=-1)
+    torch.testing.assert_close(scaled, expected, atol=1e-5, rtol=1e-4)
+
+
+def test_log_length_scaling_is_exact_with_the_cache_under_sdpa_and_eager():
+    """Incremental decoding equals the full forward at every scaled site (the decoder's n grows by one a step;
+    cross-attention's is the source's real length), with SDPA's masks (None or boolean) and eager's float ones,
+    and both give the same logits."""
+    src, mask = source_batch()
+    tgt = target_batch()
+    results = []
+    for implementation in ("sdpa", "eager"):
+        model = tiny_model(log_length_scaling=list(ATTENTION_SITES), attn_implementation=implementation)
+        with torch.no_grad():
+            encoder_outputs = model.get_encoder()(input_ids=src, attention_mask=mask)
+            full = model(encoder_outputs=encoder_outputs, attention_mask=mask, decoder_input_ids=tgt).logits
+            incremental = decode_with_cache(model, encoder_outputs, mask, tgt)
+        torch.testing.assert_close(incremental, full, atol=1e-5, rtol=1e-4)
+        results.append(full)
+    torch.testing.assert_close(results[0], results[1], atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (
+            {"log_length_scaling": ["encoder_self_attention"], "encoder_self_attention": "fourier"},
+            r"log_length_scaling names 'encoder_self_attention', but encoder_self_attention='fourier'.*"
+            r"encoder_self_attention='attention'",
+        ),
+        (
+            {"log_length_scaling": ["cross_attention"], "cross_attention": "rposnet"},
+            r"cross_attention='rposnet'",
+        ),
+        (
+            {"log_length_scaling": ["decoder"]},
+            r"log_length_scaling='decoder' is not known; allowed values: cross",
+        ),
+        ({"log_length_scaling": ["cross_attention"] * 2}, r"names a site twice"),
+    ],
+)
+def test_log_length_scaling_config_errors(overrides, message):
+    with pytest.raises(ValueError, match=message):
+        tiny_config(**overrides)
+
+
+# RoPE scaling
+
+
+def rope_logits(**overrides) -> torch.Tensor:
+    src, mask = source_batch()
+    model = tiny_model(position_encoding="rope", **overrides)
+    with torch.no_grad():
+        return model(input_ids=src, attention_mask=mask, decoder_input_ids=target_batch()).logits
+
+
+def test_rope_scaling_absent_or_of_factor_one_is_bit_identical_to_rope():
+    plain = rope_logits()
+    for scaling in (None, {"rope_type": "linear", "factor": 1.0}, {**YARN, "factor": 1}):
+        torch.testing.assert_close(rope_logits(rope_scaling=scaling), plain, atol=0, rtol=0)
+    assert not torch.allclose(rope_logits(rope_scaling={**YARN, "factor": 1, "attention_factor": 2.0}), plain)
+    assert not torch.allclose(rope_logits(rope_scaling=LINEAR), plain)
+
+
+def rope_encoding(scaling, stack="encoder"):
+    model = tiny_model(position_encoding="rope", rope_scaling=scaling)
+    return getattr(model.model, stack).position_encoding
+
+
+def test_linear_rope_scaling_turns_position_p_as_unscaled_rope_turns_p_over_f():
+    states = torch.randn(2, 4, 40, 8)  # (B, H, L, Dh)
+    positions = torch.arange(40)[None]
+    scaled = rope_encoding(LINEAR).rotate(states, positions)
+    torch.testing.assert_close(
+        scaled, rope_encoding(None).rotate(states, positions / 4), atol=1e-5, rtol=1e-5
+    )
+
+
+def transformers_rope(scaling: dict, trained: int):
+    """A Llama config of the tiny model's head size with `scaling`: transformers' own path to the frequencies."""
+    return LlamaConfig(
+        hidden_size=32,
+        num_attention_heads=4,
+        head_dim=8,
+        max_position_embeddings=trained,
+        rope_parameters={**scaling, "rope_theta": 10000.0},
+    )
+
+
+def test_yarn_frequencies_and_attention_factor_are_transformers_own():
+    encoding = rope_encoding(YARN)
+    inverse, factor = ROPE_INIT_FUNCTIONS["yarn"](transformers_rope(YARN, 4), None)
+    torch.testing.assert_close(encoding.inverse_frequencies, inverse, atol=0, rtol=0)
+    assert encoding.attention_factor == factor > 1
+    states, positions = torch.randn(1, 4, 6, 8), torch.arange(6)[None]
+    cos, sin = (
+        (positions[0, :, None] * inverse).cos() * factor,
+        (positions[0, :, None] * inverse).sin() * factor,
+    )
+    first, second = states.chunk(2, dim=-1)
+    expected = torch.cat((first * cos - second * sin, second * cos + first * sin), dim=-1)
+    torch.testing.assert_close(encoding.rotate(states, positions), expected, atol=1e-6, rtol=1e-5)
+
+
+def test_dynamic_frequencies_are_transformers_own_per_source_and_per_decoder_position():
+    """The encoder rotates a source of n tokens with transformers' dynamic frequencies for seq_len = n (each
+    source its own n, so padding changes nothing); the decoder rotates position p with those for p + 1 (what
+    transformers' dynamic layer uses while decoding with a cache); within the training length both are
+    RoFormer's, bit for bit."""
+    reference = transformers_rope(DYNAMIC, 4)
+    plain = rope_encoding(None).inverse_frequencies
+
+    def expected(length):
+        if length <= 4:
+            return plain
+        return ROPE_INIT_FUNCTIONS["dynamic"](reference, None, seq_len=length)[0]
+
+    encoder = rope_encoding(DYNAMIC)
+    for length in (3, 4, 7, 11):
+        frequencies = encoder.dynamic_frequencies(torch.tensor([[length]]))[0, 0]
+        torch.testing.assert_close(frequencies, expected(length), atol=0, rtol=0)
+    captured = []
+    decoder = rope_encoding(DYNAMIC, "decoder")
+    original = decoder.dynamic_frequencies
+    decoder.dynamic_frequencies = lambda lengths: captured.append(lengths) or original(lengths)
+    query = key = torch.randn(1, 4, 6, 8)
+    positions = torch.arange(6)[None]
+    decoder.rotate_queries_keys(0, query, key, PositionContext(decoder, positions, positions))
+    torch.testing.assert_close(captured[0], positions + 1, atol=0, rtol=0)
+    encoder_positions = torch.tensor([[0, 1, 2, 3, 4, 5], [0, 1, 2, 2, 2, 2]])  # the second padded after 3
+    captured.clear()
+    encoder.dynamic_frequencies = lambda lengths: captured.append(lengths) or original(lengths)
+    encoder.rotate_queries_keys(0, query, key, PositionContext(encoder, encoder_positions, encoder_positions))
+    torch.testing.assert_close(captured[0], torch.tensor([[6], [3]]), atol=0, rtol=0)
+
+
+@pytest.mark.parametrize("scaling", [LINEAR, DYNAMIC, YARN], ids=["linear", "dynamic", "yarn"])
+def test_rope_scaling_is_exact_with_the_cache_and_changes_the_logits(scaling):
+    model = tiny_model(position_encoding="rope", rope_scaling=scaling)
+    src, mask = source_batch()
+    tgt = target_batch()
+    with torch.no_grad():
+        encoder_outputs = model.get_encoder()(input_ids=src, attention_mask=mask)
+        full = model(encoder_outputs=encoder_outputs, attention_mask=mask, decoder_input_ids=tgt).logits
+        for prefill in (1, 4):
+            torch.testing.assert_close(decode_with_cache(model, encoder_outputs, mask, tgt, prefill), full)
+    assert not torch.allclose(full, rope_logits())
+
+
+def test_rope_scaling_is_set_at_load_time_and_saved(tmp_path):
+    """A trained rope model reloaded with `from_pretrained(folder, rope_scaling=...)` computes what a model built
+    with that config computes, and saves the setting in config.json; reloaded without it, it is plain rope."""
+    model = tiny_model(position_encoding="rope")
+    model.save_pretrained(tmp_path / "plain")
+    src, mask = source_batch()
+    scaled = MarianPosEncForConditionalGeneration.from_pretrained(
+        tmp_path / "plain", rope_scaling=YARN
+    ).eval()
+    assert scaled.config.rope_scaling == YARN
+    with torch.no_grad():
+        logits = scaled(input_ids=src, attention_mask=mask, decoder_input_ids=target_batch()).logits
+        reference = tiny_model(position_encoding="rope", rope_scaling=YARN)
+        torch.testing.assert_close(
+            logits, reference(input_ids=src, attention_mask=mask, decoder_input_ids=target_batch()).logits
+        )
+    scaled.save_pretrained(tmp_path / "scaled")
+    assert json.loads((tmp_path / "scaled" / "config.json").read_text())["rope_scaling"] == YARN
+    again = MarianPosEncForConditionalGeneration.from_pretrained(tmp_path / "scaled")
+    assert (
+        again.model.decoder.position_encoding.attention_factor
+        == scaled.model.decoder.position_encoding.attention_factor
+    )
+    plain = MarianPosEncForConditionalGeneration.from_pretrained(tmp_path / "plain")
+    assert plain.config.rope_scaling is None
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (
+            {"rope_scaling": {"rope_type": "longrope", "factor": 2.0}},
+            r"rope_scaling\['rope_type'\]='longrope' is not known; allowed values: linear, dynamic, yarn",
+        ),
+        (
+            {"rope_scaling": LINEAR, "position_encoding": "sinusoidal"},
+            r"rescales the 'rope' position encoding, which neither stack uses \(encoder_position_encoding="
+            r"'sinusoidal', decoder_position_encoding='sinusoidal'\)",
+        ),
+        (
+            {"rope_scaling": {"rope_type": "dynamic", "factor": 2.0}},
+            r"needs original_max_position_embeddings",
+        ),
+        ({"rope_scaling": {**LINEAR, "rope_theta": 5.0}}, r"takes no rope_theta.*config field rope_theta"),
+        ({"rope_scaling": {**LINEAR, "factor": 0.5}}, r"rope_scaling\['factor'\]=0.5 must be a number >= 1"),
+        (
+            {"rope_scaling": {**YARN, "beta_fast": 1, "beta_slow": 2}},
+            r"beta_fast=1 must be larger than beta_slow=2",
+        ),
+        (
+            {"rope_scaling": {**DYNAMIC, "original_max_position_embeddings": 0}},
+            r"original_max_position_embeddings'\]=0 must be an integer >= 1",
+        ),
+    ],
+)
+def test_rope_scaling_config_errors(overrides, message):
+    with pytest.raises(ValueError, match=message):
+        tiny_config(**{"position_encoding": "rope", **overrides})
+
+
+def test_rope_scaling_applies_to_the_rope_stack_of_a_mixed_model():
+    model = tiny_model(
+        encoder_position_encoding="sinusoidal", decoder_position_encoding="rope", rope_scaling=LINEAR
+    )
+    torch.testing.assert_close(
+        model.model.decoder.position_encoding.inverse_frequencies, rope_encoding(None).inverse_frequencies / 4
+    )
