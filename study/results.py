@@ -191,6 +191,7 @@ class Results:
         self.symptoms: dict[Run, list[str]] = {}  # `degenerate`, once per run
         self.sentence_statistics: dict[Run, np.ndarray] = {}
         self.intervals: dict[tuple[str, str, str], Interval | None] = {}
+        self.groups: dict[tuple[Run, int], object] = {}  # `extrapolation.groups`, once per run and k
         self.current: dict[Run, bool] = {}  # finished run -> made with this report's settings
         finished = finished_runs(self.root, args.recipe)
         self.seeds = sorted({*args.seeds, *(int(folder.name.removeprefix("seed")) for folder in finished)})
