@@ -14,7 +14,7 @@ exporters/test_export.py, models/marian/). `import_upstream_tests` stands empty 
 modules, so `GenerationTesterMixin`'s tests and the export tests do not run from the sdist; Marian's own
 tester is rebuilt here (`MarianPosEncModelTester`). Where a full checkout of the same tag's tests/ is unpacked
 into .transformers-src/tests, the real mixins are imported and run. Generation is tested by
-tests/test_conformance.py either way (cached and uncached greedy and beam search agree, per-step scores).
+tests/model/test_conformance.py either way (cached and uncached greedy and beam search agree, per-step scores).
 
 Deliberate differences from stock Marian are named skips with their reasons: those of every configuration in
 `DOCUMENTED_DIFFERENCES`, those of one configuration in its `CONFIGS` entry (also listed in
