@@ -28,7 +28,7 @@ $(VENV)/.installed: pyproject.toml
 
 # transformers' own common model tests (ModelTesterMixin, tests/test_modeling_common.py) ship in its source
 # distribution, not in the wheel: fetch the sdist of the installed version from PyPI and keep its tests/
-# (tests/test_transformers_model_tests.py runs them against our models), plus what those files import.
+# (tests/model/test_transformers_model_tests.py runs them against our models), plus what those files import.
 TRANSFORMERS_SRC := .transformers-src
 $(TRANSFORMERS_SRC)/.unpacked: $(VENV)/.installed
 	rm -rf $(TRANSFORMERS_SRC) && mkdir -p $(TRANSFORMERS_SRC)
