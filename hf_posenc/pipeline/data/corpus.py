@@ -7,7 +7,8 @@ another module's run on the same data opens files instead of redoing the work:
 
 1. tokenizer (`tokenizers/<key>/`): joint BPE learned on a deterministic sample of at most `bpe_sample_pairs`
    pairs (`bpe_sample`: all pairs in corpus order when there are no more, as `train_joint_bpe` always had
-   them), or an existing tokenizer (`--tokenizer_name_or_path`, checked by `load_tokenizer`, not copied).
+   them), or an existing tokenizer (`--tokenizer_name_or_path`, else `--model_name_or_path`'s: checked by
+   `load_tokenizer`, not copied).
    Key: the data, `train_limit`, the vocabulary and sample sizes.
 2. pairs (`pairs/<key>/`): every pair tokenised, with its lengths and whether a side is empty. Key: the data,
    `train_limit` and the tokenizer's fingerprint (sha256 of its tokenizer.json and special tokens).
@@ -57,11 +58,11 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from datasets.arrow_writer import ArrowWriter
 from filelock import FileLock
-from transformers import PreTrainedTokenizerFast
+from transformers import PreTrainedTokenizerBase, PreTrainedTokenizerFast
 
 from ..training.arguments import DataArguments
 from .augmentation import GROUP_SIZES, concatenation_groups
-from .files import find_split_file, iter_parallel, split_folder, stream_hf_translation
+from .files import find_split_file, iter_parallel, stream_hf_translation
 from .tokenization import load_tokenizer, tokenizer_fingerprint, train_joint_bpe
 
 logger = logging.getLogger(__name__)
@@ -171,7 +172,7 @@ def training_source(data) -> PairSource:
         return file_source(data.train_source, data.train_target)
     if data.hf_dataset:
         return hf_source(data.hf_dataset, data.hf_config, "train", data.source_lang, data.target_lang)
-    directory = split_folder(data.data_dir, "train")
+    directory = Path(data.data_dir)
     return file_source(
         find_split_file(directory, data.train_split, data.source_lang),
         find_split_file(directory, data.train_split, data.target_lang),
@@ -233,7 +234,7 @@ class CorpusSummary:
 
 @dataclass
 class TrainingCorpus:
-    tokenizer: PreTrainedTokenizerFast
+    tokenizer: PreTrainedTokenizerBase
     examples: datasets.Dataset  # input_ids, labels, length; memory-mapped from the cache
     summary: CorpusSummary
     report: dict  # JSON: pairs read, kept, skipped by reason, examples, cache use, token counts
@@ -303,13 +304,18 @@ def learn_bpe(text: datasets.Dataset, vocab_size: int, sample_pairs: int) -> Pre
     return train_joint_bpe(texts(), vocab_size=vocab_size, min_frequency=BPE_MIN_FREQUENCY)
 
 
-def encode_pairs(batch: dict, tokenizer: PreTrainedTokenizerFast) -> dict:
-    """`Dataset.map` function: a batch of text pairs -> token ids (with `</s>`), lengths, empty flags. The Rust
-    tokenizer encodes the batch on every core, without the offsets and masks the Python wrapper would build:
-    the ids are those of `tokenizer(text)` (as `tokenize_parallel` makes them; the tests check it)."""
-    encode = tokenizer.backend_tokenizer.encode_batch_fast
-    source = [encoding.ids for encoding in encode(batch["source"])]
-    target = [encoding.ids for encoding in encode(batch["target"])]
+def encode_pairs(batch: dict, tokenizer: PreTrainedTokenizerBase) -> dict:
+    """`Dataset.map` function: a batch of text pairs -> token ids (with `</s>`), lengths, empty flags. A fast
+    tokenizer's Rust core encodes the batch on every core, without the offsets and masks the Python wrapper would
+    build; a Python tokenizer (a stock Marian model's) encodes the target side with `text_target` (Marian's target
+    SentencePiece model). The ids are those `tokenize_parallel` makes (the tests check it)."""
+    if isinstance(tokenizer, PreTrainedTokenizerFast):
+        encode = tokenizer.backend_tokenizer.encode_batch_fast
+        source = [encoding.ids for encoding in encode(batch["source"])]
+        target = [encoding.ids for encoding in encode(batch["target"])]
+    else:
+        source = tokenizer(batch["source"])["input_ids"]
+        target = tokenizer(text_target=batch["target"])["input_ids"]
     source_length = [len(ids) for ids in source]
     target_length = [len(ids) for ids in target]
     return {
@@ -349,8 +355,9 @@ def write_entry(folder: Path, key: dict, build: Callable[[Path], dict]) -> dict:
 
 def corpus_tokenizer(
     text: CorpusText, settings: CorpusSettings, cache: Path, data_key: dict
-) -> tuple[PreTrainedTokenizerFast, str]:
-    """The given tokenizer, or the BPE learned on this data's sample (cached). Returns it and how it came."""
+) -> tuple[PreTrainedTokenizerBase, str]:
+    """The given tokenizer (`--tokenizer_name_or_path`, or `--model_name_or_path`'s), or the BPE learned on this
+    data's sample (cached). Returns it and how it came."""
     if settings.tokenizer_name_or_path:
         return load_tokenizer(settings.tokenizer_name_or_path), "given"
     key = {

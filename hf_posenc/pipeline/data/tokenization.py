@@ -3,17 +3,21 @@ tokenizer reused.
 
 Special tokens follow Marian: `<pad>` (0) doubles as the decoder start token, `</s>` (1) ends every
 sequence, `<unk>` (2). The tokenizer saves beside the model and reloads exactly with `AutoTokenizer`.
-A reused tokenizer (`load_tokenizer`) needs a pad and an end token and must end every sequence with the end
-token; other ids than 0/1/2 are fine: the model's config takes its pad, decoder start and end ids from the
-tokenizer.
+A reused tokenizer (`load_tokenizer`: a previous run's, or a pretrained model's, loaded with `AutoTokenizer`)
+needs a pad and an end token and must end every sequence with the end token; other ids than 0/1/2 are fine:
+the model's config takes its pad, decoder start and end ids from the tokenizer. It may be a Python tokenizer
+(a stock Marian model's `MarianTokenizer`: two SentencePiece models, the target side encoded with
+`text_target`).
 """
 
 import hashlib
 import logging
+import tempfile
 from collections.abc import Iterable
+from pathlib import Path
 
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
-from transformers import PreTrainedTokenizerFast
+from transformers import AutoTokenizer, PreTrainedTokenizerBase, PreTrainedTokenizerFast
 
 logger = logging.getLogger(__name__)
 
@@ -43,15 +47,17 @@ def train_joint_bpe(
     )
 
 
-def load_tokenizer(name_or_path: str) -> PreTrainedTokenizerFast:
-    """A saved fast tokenizer (a folder with tokenizer.json, e.g. a previous run's, or a Hub id), checked for what
-    the pipeline relies on: a pad token (padding and Marian's decoder start), an end token, and every encoded
-    sequence ending with that end token and holding no other special token (no BOS or CLS)."""
+def load_tokenizer(name_or_path: str) -> PreTrainedTokenizerBase:
+    """A saved tokenizer (a folder, e.g. a previous run's or a pretrained model's, or a Hub id) as `AutoTokenizer`
+    loads it, checked for what the pipeline relies on: a pad token (padding and Marian's decoder start), an end
+    token, and every encoded sequence ending with that end token and holding no other special token (no BOS or
+    CLS)."""
     try:
-        tokenizer = PreTrainedTokenizerFast.from_pretrained(name_or_path)
-    except (OSError, ValueError) as error:
+        tokenizer = AutoTokenizer.from_pretrained(name_or_path)
+    except (OSError, ValueError, ImportError) as error:
         raise ValueError(
-            f"--tokenizer_name_or_path={name_or_path!r} holds no loadable fast tokenizer (tokenizer.json): {error}"
+            f"{name_or_path!r} holds no loadable fast tokenizer (tokenizer.json) nor a Python one that this "
+            f"installation can load (Marian's source.spm and target.spm need the sentencepiece package): {error}"
         ) from None
     missing = [name for name in ("pad_token", "eos_token") if getattr(tokenizer, name) is None]
     if missing:
@@ -81,9 +87,16 @@ def load_tokenizer(name_or_path: str) -> PreTrainedTokenizerFast:
     return tokenizer
 
 
-def tokenizer_fingerprint(tokenizer: PreTrainedTokenizerFast) -> str:
-    """sha256 of the serialised tokenizer (tokenizer.json: normaliser, vocabulary, merges, post-processor) and of
-    the special tokens: two tokenizers with the same fingerprint give the same ids."""
-    digest = hashlib.sha256(tokenizer.backend_tokenizer.to_str().encode("utf-8"))
+def tokenizer_fingerprint(tokenizer: PreTrainedTokenizerBase) -> str:
+    """sha256 of the serialised tokenizer (a fast one's tokenizer.json: normaliser, vocabulary, merges,
+    post-processor; a Python one's class and vocabulary files, e.g. Marian's SentencePiece models) and of the
+    special tokens: two tokenizers with the same fingerprint give the same ids."""
+    if isinstance(tokenizer, PreTrainedTokenizerFast):
+        digest = hashlib.sha256(tokenizer.backend_tokenizer.to_str().encode("utf-8"))
+    else:
+        digest = hashlib.sha256(type(tokenizer).__name__.encode("utf-8"))
+        with tempfile.TemporaryDirectory() as folder:
+            for path in sorted(tokenizer.save_vocabulary(folder)):
+                digest.update(Path(path).read_bytes())
     digest.update(repr(sorted(tokenizer.special_tokens_map.items())).encode("utf-8"))
     return digest.hexdigest()

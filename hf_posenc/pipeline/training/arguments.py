@@ -7,9 +7,14 @@ field). A recipe (a name from `hf_posenc/pipeline/training/recipes/`, or a path 
 another) sets any of them, and the command line wins. A single JSON or YAML file in place of the flags is read
 as flags (HF's `args.json` convention). Relative data paths of a recipe are read under the data root
 (`--data_root`, else $HF_POSENC_DATA); those of the command line under the current folder.
+
+`--model_name_or_path` starts from an existing model (`pretrained.py`): the model's size and vocabulary are then
+the loaded model's, so a recipe's model settings are ignored (and named in a warning) and a size flag of the
+command line that disagrees with the model is an error naming both values.
 """
 
 import json
+import logging
 import math
 import os
 import sys
@@ -25,6 +30,7 @@ from transformers import HfArgumentParser, Seq2SeqTrainingArguments
 from ...configuration_marian_posenc import MarianPosEncConfig
 from ..data.augmentation import check_augmentation
 from ..data.files import data_root, data_root_hint
+from .pretrained import pretrained_config
 
 RECIPES = Path(__file__).resolve().parent / "recipes"
 DEFAULT_RECIPE = "multi30k-en-de-small"
@@ -82,7 +88,10 @@ class RunArguments:
 class DataArguments:
     """Explicit files win over `hf_dataset`, which wins over the `data_dir` splits."""
 
-    data_dir: str | None = field(default=None, metadata={"help": "a folder of {split}.{lang}[.gz] files"})
+    data_dir: str = field(
+        default="multi30k",
+        metadata={"help": "a folder of {split}.{lang}[.gz] files (the default and a recipe's: under the data root)"},
+    )
     data_root: str | None = field(
         default=None,
         metadata={
@@ -198,8 +207,17 @@ DATA_PATH_FIELDS = tuple(
 
 @dataclass
 class ModelArguments:
-    """Unset fields keep the defaults of `MarianPosEncConfig` (and of each module class)."""
+    """Unset fields keep the defaults of `MarianPosEncConfig` (and of each module class), or with
+    `model_name_or_path` the loaded model's values."""
 
+    model_name_or_path: str | None = field(
+        default=None,
+        metadata={
+            "help": "start from this model (a folder or a Hub id): a MarianPosEnc model keeps its config, a stock "
+            "Marian model becomes MarianPosEnc with its sinusoids; module flags swap modules (new parameters "
+            "initialised, the others kept); its tokenizer is used (no BPE learned)"
+        },
+    )
     architecture: Literal["marian_posenc", "stock_marian"] = "marian_posenc"
     position_encoding: str | None = field(default=None, metadata={"help": "both stacks (shorthand)"})
     encoder_position_encoding: str | None = None
@@ -223,6 +241,27 @@ class ModelArguments:
     length_penalty: float | None = field(default=None, metadata={"help": "saved in the generation config"})
 
 
+# The recipe keys that shape a model from scratch: a pretrained model brings its own, so with --model_name_or_path
+# a recipe's are ignored (the command line's are used or, for the size, checked against the model).
+MODEL_SETTINGS = (
+    "vocab_size",
+    "bpe_sample_pairs",
+    "position_encoding",
+    "encoder_position_encoding",
+    "decoder_position_encoding",
+    "encoder_self_attention",
+    "decoder_self_attention",
+    "cross_attention",
+    "d_model",
+    "layers",
+    "heads",
+    "ffn_dim",
+    "dropout",
+    "max_position_embeddings",
+    "config_overrides",
+)
+# What learns a BPE: a pretrained model comes with its tokenizer.
+VOCABULARY_FLAGS = ("vocab_size", "bpe_sample_pairs")
 ARGUMENT_CLASSES = (RunArguments, DataArguments, ModelArguments, Seq2SeqTrainingArguments)
 PRECISION_FIELDS = ("bf16", "fp16")  # Trainer fields that --precision decides
 # The Hub upload happens once, when the run's folder is complete; the Trainer's pushes during training do not.
@@ -237,6 +276,8 @@ class Arguments:
     training: Seq2SeqTrainingArguments
     given: frozenset = frozenset()  # the flags the command line or the recipe set
     flags: frozenset = frozenset()  # the flags the command line set
+    # with --model_name_or_path: the config its model becomes (pretrained.pretrained_config)
+    pretrained: MarianPosEncConfig | None = None
 
     @property
     def planned_schedule(self) -> bool:
@@ -333,8 +374,10 @@ def parse_args(argv=None) -> Arguments:
     parser.set_defaults(output_dir=None)
     known = parser.parse_known_args(argv)[0]
     recipe_name = known.recipe
+    model_name_or_path = known.model_name_or_path
     try:
         recipe = load_recipe(recipe_name)
+        recipe.setdefault("data_dir", DataArguments.data_dir)  # the default is read under the data root too
         resolve_data_paths(recipe, recipe_name, given_flags(argv), data_root(known.data_root))
     except ValueError as error:
         parser.error(str(error))
@@ -342,6 +385,8 @@ def parse_args(argv=None) -> Arguments:
     unknown = sorted(set(recipe) - known, key=str)
     if unknown:
         parser.error(f"recipe {recipe_name} has unknown keys {unknown}; allowed: {', '.join(sorted(known))}")
+    if model_name_or_path or recipe.get("model_name_or_path"):
+        ignore_recipe_model_settings(recipe, recipe_name, given_flags(argv))
     recipe_overrides = recipe.pop("config_overrides")
     flags = frozenset(given_flags(argv))
     given = frozenset(set(recipe) | flags)
@@ -388,6 +433,24 @@ def sharded_launch() -> str | None:
         if os.environ.get(variable, "").lower() in ("1", "true", "yes"):
             return name
     return None
+
+
+def ignore_recipe_model_settings(recipe: dict, name: str, flags: set[str]) -> None:
+    """With --model_name_or_path the loaded model brings its size, modules and tokenizer: the recipe's settings for
+    a model built from scratch (`MODEL_SETTINGS`) are dropped, each named in a warning, unless the command line
+    sets them too (then the command line's value is used, or checked against the model)."""
+    ignored = [key for key in MODEL_SETTINGS if key in recipe and key not in flags]
+    ignored = [key for key in ignored if key != "config_overrides" or recipe[key]]
+    for key in ignored:
+        recipe.pop(key)
+    recipe["config_overrides"] = {}
+    if ignored:
+        logging.getLogger("train").warning(
+            "--model_name_or_path: the model and its tokenizer decide the size, modules and vocabulary; recipe %s's "
+            "%s ignored",
+            name,
+            ", ".join(ignored),
+        )
 
 
 def given_flags(argv: list[str]) -> set[str]:
@@ -440,7 +503,17 @@ def check_arguments(args: Arguments, recipe_overrides: dict) -> None:
         except ValueError as error:  # names the value: "group_sizes=[2, 1]: expected ..."
             raise ValueError(f"--concat_{error}") from None
     model.config_overrides = json.dumps({**recipe_overrides, **config_overrides(model.config_overrides)})
-    if model.architecture == "marian_posenc":
+    if model.model_name_or_path:
+        vocabulary = [f"--{name}" for name in VOCABULARY_FLAGS if name in args.flags]
+        if vocabulary:
+            raise ValueError(
+                f"{' and '.join(vocabulary)} size a BPE learned on the data; with --model_name_or_path the model's "
+                "tokenizer is used (or --tokenizer_name_or_path): drop them"
+            )
+        args.pretrained = pretrained_config(
+            model.model_name_or_path, model_fields(args), model.architecture, flag_names(args)
+        )
+    elif model.architecture == "marian_posenc":
         model_config(args, vocab_size=data.vocab_size, pad=0, eos=1)  # validates every model setting now
 
 
@@ -529,17 +602,29 @@ def module_name(args: Arguments) -> str:
     model = args.model
     if model.architecture == "stock_marian":
         return "stock-marian"
+    default = (args.pretrained or MarianPosEncConfig()).encoder_position_encoding
     return (
-        model.position_encoding
-        or model.encoder_position_encoding
-        or model.encoder_self_attention
-        or MarianPosEncConfig().encoder_position_encoding
+        model.position_encoding or model.encoder_position_encoding or model.encoder_self_attention or default
     )
 
 
-def model_config(args: Arguments, vocab_size: int, pad: int, eos: int) -> MarianPosEncConfig:
-    """The config from what the user (or recipe) set: unset fields keep MarianPosEncConfig's defaults. An
-    invalid setting is a ValueError naming the field."""
+def flag_names(args: Arguments) -> dict[str, str]:
+    """Each config field that a ModelArguments flag sets, with the flag that sets it (errors name the flag)."""
+    flags = {
+        "encoder_layers": "--layers",
+        "decoder_layers": "--layers",
+        "encoder_attention_heads": "--heads",
+        "decoder_attention_heads": "--heads",
+        "encoder_ffn_dim": "--ffn_dim",
+        "decoder_ffn_dim": "--ffn_dim",
+    }
+    for name in json.loads(args.model.config_overrides):  # --config_overrides wins over the flags
+        flags[name] = f"--config_overrides {name}"
+    return {name: flags.get(name, f"--{name}") for name in model_fields(args)}
+
+
+def model_fields(args: Arguments) -> dict:
+    """The MarianPosEncConfig fields the user (or recipe) set: the model flags, then --config_overrides."""
     model = args.model
     names = (
         "position_encoding",
@@ -563,6 +648,13 @@ def model_config(args: Arguments, vocab_size: int, pad: int, eos: int) -> Marian
     }
     fields = {name: value for name, value in fields.items() if value is not None}
     fields.update(json.loads(model.config_overrides))
+    return fields
+
+
+def model_config(args: Arguments, vocab_size: int, pad: int, eos: int) -> MarianPosEncConfig:
+    """The config from what the user (or recipe) set: unset fields keep MarianPosEncConfig's defaults. An
+    invalid setting is a ValueError naming the field."""
+    fields = model_fields(args)
     tokens = dict(
         vocab_size=vocab_size,
         pad_token_id=pad,

@@ -47,6 +47,7 @@ RESUMED_DATA_FIELDS = (
     "source_lang",
     "target_lang",
     "train_limit",
+    "tokenizer_name_or_path",
     "vocab_size",
     "max_length",
     "max_train_length",
@@ -63,6 +64,8 @@ def run_settings(args: Arguments, model) -> dict:
     settings = {
         "training": training,
         "data": {name: getattr(args.data, name) for name in RESUMED_DATA_FIELDS},
+        # the model trained from, which brings the tokenizer when --tokenizer_name_or_path is not given
+        "start": {"model_name_or_path": args.model.model_name_or_path},
         "model": config,
     }
     return json.loads(json.dumps(settings, default=lambda value: getattr(value, "value", str(value))))

@@ -1,7 +1,8 @@
 """A training run, stage by stage: `train_scripts/train.py` is `main` below.
 
-`prepare_data` (read and validate the text, joint BPE, tokenise) -> `build_model` (config from what was set,
-precision and attention backend chosen by measuring this machine, the longest pair tried through the model)
+`prepare_data` (read and validate the text, joint BPE or the given model's tokenizer, tokenise) -> `build_model`
+(config from what was set, or the `--model_name_or_path` model converted as `pretrained.py` says; precision and
+attention backend chosen by measuring this machine, the longest pair tried through the model)
 -> `train` (`Seq2SeqTrainer`, token-budget batches, time and update budgets, checkpoints; a resumed run must
 have the settings it started with) -> `trained_model` (checkpoint averaging) -> `evaluate` (decoding the test
 set with the model's saved generation config, sacreBLEU BLEU and chrF++, a check for degenerate output) ->
@@ -43,11 +44,11 @@ from ..data.corpus import (
     prepare_training_corpus,
     training_source,
 )
-from ..data.files import ParallelText, read_parallel, read_split, split_folder
+from ..data.files import ParallelText, read_parallel, read_split
 from ..evaluation.decoding import translate
 from ..evaluation.scoring import degenerate_output, encoder_token_cosine, score_translations
 from ..export.run_folder import check_output_folders, export, set_aside_checkpoints, updates_text
-from .arguments import Arguments, model_config, parse_args
+from .arguments import Arguments, model_config, model_fields, parse_args
 from .averaging import average_into, list_checkpoints, select_checkpoints
 from .hardware import (
     busy_share,
@@ -60,6 +61,7 @@ from .hardware import (
     model_flops_per_target_token,
     threads_for_free_cores,
 )
+from .pretrained import check_tokenizer, load_pretrained
 from .progress import TrainingProgressCallback, UpdateBudgetCheck
 from .resume import check_resume_settings, resume_checkpoint
 from .schedule import BudgetSchedule, SchedulePlan
@@ -97,7 +99,7 @@ def load_split(args: Arguments, split: str, limit=None) -> ParallelText:
     if source is not None:
         return read_parallel(Path(source), Path(target), **read)
     return read_split(
-        split_folder(data.data_dir, split),
+        Path(data.data_dir),
         getattr(data, f"{split}_split"),
         data.source_lang,
         data.target_lang,
@@ -109,9 +111,9 @@ def prepare_data(args: Arguments) -> PreparedData:
     """The training examples from the corpus cache (read, BPE-learned, tokenised and filtered on the first run
     on this data: `corpus.py`), the validation set tokenised and the test set read, both unfiltered."""
     data = args.data
-    corpus = prepare_training_corpus(
-        training_source(data), CorpusSettings.from_arguments(data, seed=args.training.seed)
-    )
+    settings = CorpusSettings.from_arguments(data, seed=args.training.seed)
+    settings = dataclasses.replace(settings, tokenizer_name_or_path=tokenizer_source(args))
+    corpus = prepare_training_corpus(training_source(data), settings)
     test = load_split(args, "test", limit=data.test_limit)
     logger.info(
         "data: %d training examples from %s, %d test pairs from %s",
@@ -125,6 +127,12 @@ def prepare_data(args: Arguments) -> PreparedData:
         valid_text = load_split(args, "valid")
         valid = tokenize_parallel(corpus.tokenizer, valid_text.source, valid_text.target)
     return PreparedData(corpus.tokenizer, corpus.examples, valid, test, corpus.summary, corpus.report)
+
+
+def tokenizer_source(args: Arguments) -> str | None:
+    """--tokenizer_name_or_path, else the tokenizer of --model_name_or_path's model, else None (a BPE is
+    learned on the training data)."""
+    return args.data.tokenizer_name_or_path or args.model.model_name_or_path
 
 
 def source_target_length_ratio(dataset) -> float:
@@ -149,23 +157,28 @@ def data_config(args: Arguments, vocab_size: int, pad: int, eos: int, train) -> 
     return config
 
 
+def pretrained_model(args: Arguments, data: PreparedData):
+    """--model_name_or_path's model with the command line's model settings (`pretrained.load_pretrained`); gamma
+    of rPosNet cross-attention from the training data where this run brings that mixer in and leaves it unset."""
+    check_tokenizer(data.tokenizer, args.pretrained, tokenizer_source(args))
+    fields = model_fields(args)
+    if fields.get("cross_attention") == "rposnet" and "rposnet_length_ratio" not in fields:
+        fields["rposnet_length_ratio"] = source_target_length_ratio(data.train)
+    return load_pretrained(args.model.model_name_or_path, fields, args.model.architecture)
+
+
 def build_model(args: Arguments, data: PreparedData):
     """The model, with the precision and attention backend this machine runs fastest (or as asked)."""
     tokenizer = data.tokenizer
     torch.manual_seed(args.training.seed)
     pad, eos = tokenizer.pad_token_id, tokenizer.eos_token_id
-    config = data_config(args, len(tokenizer), pad, eos, data.train)
-    if args.model.architecture == "stock_marian":
-        model = MarianMTModel(config.to_marian_config())
-        # our models' decoding; Marian has no source + 50 rule, so it may write the longest accepted sentence + 50
-        model.generation_config.update(
-            **PAPER_1_DECODING,
-            bad_words_ids=[[pad]],
-            max_new_tokens=args.data.max_length + MAX_NEW_TOKENS_OVER_SOURCE,
-        )
+    if args.model.model_name_or_path:
+        model = pretrained_model(args, data)
+        config = model.config
+        if args.model.architecture == "marian_posenc":
+            check_longest_pair(model, data)
     else:
-        model = MarianPosEncForConditionalGeneration(config)
-        check_longest_pair(model, data)
+        model, config = new_model(args, data, pad, eos)
     generation = {"num_beams": args.model.num_beams, "length_penalty": args.model.length_penalty}
     model.generation_config.update(**{k: v for k, v in generation.items() if v is not None})
     device = args.training.device.type
@@ -184,8 +197,9 @@ def build_model(args: Arguments, data: PreparedData):
     )
     model.set_attn_implementation(backend.backend)
     logger.info(
-        "model: %s, %.2fM parameters; precision %s (%s); attention %s (%s)",
+        "model: %s%s, %.2fM parameters; precision %s (%s); attention %s (%s)",
         type(model).__name__,
+        f" from {args.model.model_name_or_path}" if args.model.model_name_or_path else "",
         model.num_parameters() / 1e6,
         precision.precision,
         precision.reason,
@@ -193,6 +207,23 @@ def build_model(args: Arguments, data: PreparedData):
         backend.reason,
     )
     return model, precision, backend
+
+
+def new_model(args: Arguments, data: PreparedData, pad: int, eos: int):
+    """A model from scratch, with the config the settings give (`data_config`), and that config."""
+    config = data_config(args, len(data.tokenizer), pad, eos, data.train)
+    if args.model.architecture == "stock_marian":
+        model = MarianMTModel(config.to_marian_config())
+        # our models' decoding; Marian has no source + 50 rule, so it may write the longest accepted sentence + 50
+        model.generation_config.update(
+            **PAPER_1_DECODING,
+            bad_words_ids=[[pad]],
+            max_new_tokens=args.data.max_length + MAX_NEW_TOKENS_OVER_SOURCE,
+        )
+    else:
+        model = MarianPosEncForConditionalGeneration(config)
+        check_longest_pair(model, data)
+    return model, config
 
 
 def check_longest_pair(model, data: PreparedData) -> None:
