@@ -158,4 +158,4 @@ def main(argv=None):
 
 def cli() -> None:
     """`make compare`: `python -m study` from the repository."""
-    run_cli(main)
+    run_cli(main, "python -m study")

@@ -20,9 +20,10 @@ EXTRA_OF_MODULE = {
 }
 
 
-def run_cli(main: Callable[[], object]) -> None:
-    """Run a tool's `main()`; a user error is printed as `<tool>: error: <message>` and exits with 2."""
-    tool = Path(sys.argv[0]).name
+def run_cli(main: Callable[[], object], tool: str | None = None) -> None:
+    """Run a tool's `main()`; a user error is printed as `<tool>: error: <message>` (`tool`: the program's name
+    unless given) and exits with 2."""
+    tool = tool or Path(sys.argv[0]).name
     try:
         main()
     except USER_ERRORS as error:

@@ -99,16 +99,6 @@ def data_root_hint(root: Path | None) -> str:
     )
 
 
-def split_folder(data_dir: str | None, split: str) -> Path:
-    """The `--data_dir` a split is read from when no files are given for it."""
-    if data_dir is None:
-        raise ValueError(
-            f"no {split} data: give --data_dir (a folder of {{split}}.{{lang}}[.gz] files), a recipe that sets "
-            f"it, or --{split}_source and --{split}_target"
-        )
-    return Path(data_dir)
-
-
 def find_split_file(data_dir: Path, split: str, lang: str) -> Path:
     """`{split}.{lang}` or `{split}.{lang}.gz` inside data_dir (the shipped Multi30k layout)."""
     for candidate in (data_dir / f"{split}.{lang}.gz", data_dir / f"{split}.{lang}"):
