@@ -17,8 +17,10 @@ the source, per example of the batch, and are read from the generation config by
   `length_penalty`: the reward sits inside the normalised sum, as Marian's word penalty does. Greedy decoding picks
   argmax_v (log p(v) + ρ·[v ≠ </s>]) at each step (the processor sees logits there; log-softmax shifts a row by a
   constant, so the argmax is the same).
-* `match_source_sentence_count`: no `</s>` before the hypothesis holds as many sentence-end tokens
-  (`sentence_end_token_ids`, from `sentence_end_token_ids(tokenizer)`) as its source.
+* `match_source_sentence_count`: no `</s>` before the hypothesis holds as many sentence-end tokens as its
+  source: the generation config's `sentence_end_token_ids`, else the model config's field of that name (which
+  also turns on sentence-aware positions, sentence_positions.py); both come from `sentence_end_token_ids(tokenizer)`
+  below, the one function that derives them.
 * The loop guard is transformers' own `no_repeat_ngram_size` (`NoRepeatNGramLogitsProcessor`): when any option
   above is on and the generation config leaves `no_repeat_ngram_size` unset (None), `generate` sets it to
   `LOOP_GUARD_NGRAM_SIZE`; 0 turns the guard off explicitly.
@@ -117,13 +119,19 @@ class LengthControl:
         )
 
     @classmethod
-    def from_settings(cls, generation_config, overrides: dict, vocab_size: int) -> "LengthControl":
+    def from_settings(cls, generation_config, overrides: dict, model_config) -> "LengthControl":
         """The settings of `generation_config` (a missing key takes `LENGTH_CONTROL_DEFAULTS`), each replaced by
-        the same key of `overrides` (`generate`'s keyword arguments), which are removed from `overrides`."""
+        the same key of `overrides` (`generate`'s keyword arguments), which are removed from `overrides`. Without
+        sentence-end ids there, those of the model's config (sentence-aware positions) are taken."""
         values = {
             key: overrides.pop(key) if key in overrides else getattr(generation_config, key, default)
             for key, default in LENGTH_CONTROL_DEFAULTS.items()
         }
+        if values[SENTENCE_END_TOKEN_IDS] is None:
+            values[SENTENCE_END_TOKEN_IDS] = (
+                list(getattr(model_config, SENTENCE_END_TOKEN_IDS, None) or []) or None
+            )
+        vocab_size = model_config.vocab_size
         ratio, reward = values[MIN_LENGTH_RATIO], values[WORD_REWARD]
         if ratio is not None and not (is_number(ratio) and math.isfinite(ratio) and ratio >= 0):
             raise key_error(

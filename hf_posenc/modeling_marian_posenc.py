@@ -750,7 +750,7 @@ class MarianPosEncForConditionalGeneration(MarianPosEncPreTrainedModel, Generati
             and not {"max_new_tokens", "max_length"} & kwargs.keys()
         ):
             kwargs["max_new_tokens"] = source.shape[-1] + over_source
-        control = LengthControl.from_settings(settings, kwargs, self.config.vocab_size)
+        control = LengthControl.from_settings(settings, kwargs, self.config)
         if control.active:
             logits_processor = self.length_control(control, settings, source, logits_processor, kwargs)
         return super().generate(

@@ -10,7 +10,6 @@ import textwrap
 
 import pytest
 import torch
-from conftest import EOS, PAD, source_batch, tiny_model
 from transformers import AutoModelForSeq2SeqLM, GenerationConfig
 
 from hf_posenc.generation_length import (
@@ -19,22 +18,29 @@ from hf_posenc.generation_length import (
     measure_min_length_ratio,
     sentence_end_token_ids,
 )
+from tests.helpers import EOS, PAD
 
 END_A, END_B = 5, 6  # the sentence-end tokens of these tests
 SOURCE_SENTENCE_ENDS = [3, 1, 0]
 MIN_LENGTH_RATIO = 1.5
 
 
-def eager_model(seed=0):
-    """A tiny model whose `</s>` is the best token at every step, and `END_A` the second best."""
-    model = tiny_model(seed)
-    with torch.no_grad():
-        model.final_logits_bias[0, EOS] = 1.0
-        model.final_logits_bias[0, END_A] = 0.7
-    return model
+@pytest.fixture
+def eager_model(tiny_model):
+    """`eager_model()`: a tiny model whose `</s>` is the best token at every step, and `END_A` the second best."""
+
+    def build():
+        model = tiny_model()
+        with torch.no_grad():
+            model.final_logits_bias[0, EOS] = 1.0
+            model.final_logits_bias[0, END_A] = 0.7
+        return model
+
+    return build
 
 
-def sources():
+@pytest.fixture
+def sources(source_batch):
     """Three right-padded sources (11, 9 and 7 tokens, `</s>` included) holding 3, 1 and 0 sentence ends."""
     ids, mask = source_batch()
     ids[(ids == END_A) | (ids == END_B)] = 7
@@ -54,9 +60,9 @@ def source_lengths(mask) -> list[int]:
 
 
 @pytest.mark.parametrize("num_beams", [1, 4])
-def test_min_length_ratio_holds_for_each_example_of_the_batch(num_beams):
+def test_min_length_ratio_holds_for_each_example_of_the_batch(num_beams, eager_model, sources):
     model = eager_model()
-    src, mask = sources()
+    src, mask = sources
     decode = dict(attention_mask=mask, num_beams=num_beams, max_new_tokens=40)
     assert lengths(model.generate(src, **decode)) == [1, 1, 1]
     generated = model.generate(src, min_length_ratio=MIN_LENGTH_RATIO, **decode)
@@ -66,21 +72,24 @@ def test_min_length_ratio_holds_for_each_example_of_the_batch(num_beams):
 
 
 @pytest.mark.parametrize("num_beams", [1, 4])
-def test_eos_waits_until_the_hypothesis_holds_as_many_sentence_ends_as_its_source(num_beams):
+def test_eos_waits_until_the_hypothesis_holds_as_many_sentence_ends_as_its_source(
+    num_beams, eager_model, sources
+):
     model = eager_model()
-    src, mask = sources()
+    src, mask = sources
     decode = dict(attention_mask=mask, num_beams=num_beams, max_new_tokens=40)
     assert lengths(model.generate(src, **decode)) == [1, 1, 1]
     generated = model.generate(
         src, match_source_sentence_count=True, sentence_end_token_ids=[END_A, END_B], **decode
     )
-    hypotheses = [row[1 : 1 + n] for row, n in zip(generated, lengths(generated))]
+    hypotheses = [row[1 : 1 + n] for row, n in zip(generated, lengths(generated), strict=True)]
     counts = [int(torch.isin(row, torch.tensor([END_A, END_B])).sum()) for row in hypotheses]
     assert counts == SOURCE_SENTENCE_ENDS
     assert lengths(generated) == [n + 1 for n in SOURCE_SENTENCE_ENDS]
 
 
-def reward_model():
+@pytest.fixture
+def reward_model(tiny_model):
     """A tiny model that ends at once in greedy and beam-4 decoding, by a small margin."""
     model = tiny_model()
     with torch.no_grad():
@@ -89,8 +98,8 @@ def reward_model():
 
 
 @pytest.mark.parametrize("num_beams", [1, 4])
-def test_a_word_reward_lengthens_the_translations(num_beams):
-    model = reward_model()
+def test_a_word_reward_lengthens_the_translations(num_beams, reward_model, source_batch):
+    model = reward_model
     src, mask = source_batch()
     decode = dict(attention_mask=mask, num_beams=num_beams, max_new_tokens=30)
     assert lengths(model.generate(src, **decode)) == [1, 1, 1]
@@ -98,9 +107,9 @@ def test_a_word_reward_lengthens_the_translations(num_beams):
     assert lengths(model.generate(src, word_reward=-0.5, **decode)) == [1, 1, 1]
 
 
-def test_beam_scores_are_the_rewarded_log_probability_sum_over_the_length_penalty():
+def test_beam_scores_are_the_rewarded_log_probability_sum_over_the_length_penalty(reward_model, source_batch):
     """A finished beam of n tokens, W of them not `</s>`, scores (Σ log p + ρ·W) / n^α."""
-    model, reward, alpha = reward_model(), 0.2, 0.6
+    model, reward, alpha = reward_model, 0.2, 0.6
     src, mask = source_batch()
     out = model.generate(
         src,
@@ -129,19 +138,19 @@ def repeats_an_ngram(row: list[int], n: int) -> bool:
 
 
 @pytest.mark.parametrize("num_beams", [1, 4])
-def test_length_control_turns_on_the_no_repeat_ngram_loop_guard(num_beams):
+def test_length_control_turns_on_the_no_repeat_ngram_loop_guard(num_beams, eager_model, sources):
     model = eager_model()
-    src, mask = sources()
+    src, mask = sources
     decode = dict(
         attention_mask=mask, num_beams=num_beams, max_new_tokens=40, min_length_ratio=MIN_LENGTH_RATIO
     )
     unguarded = model.generate(src, no_repeat_ngram_size=0, **decode)
     assert any(
         repeats_an_ngram(row[1:n].tolist(), LOOP_GUARD_NGRAM_SIZE)
-        for row, n in zip(unguarded, lengths(unguarded))
+        for row, n in zip(unguarded, lengths(unguarded), strict=True)
     )
     guarded = model.generate(src, **decode)
-    for row, n in zip(guarded, lengths(guarded)):
+    for row, n in zip(guarded, lengths(guarded), strict=True):
         assert not repeats_an_ngram(row[1:n].tolist(), LOOP_GUARD_NGRAM_SIZE)
     assert lengths(guarded) == lengths(unguarded)
     assert torch.equal(
@@ -161,11 +170,11 @@ ALL_OPTIONS = dict(
 
 
 @pytest.mark.parametrize("num_beams", [1, 4])
-def test_every_option_decodes_the_same_with_and_without_the_cache(num_beams):
+def test_every_option_decodes_the_same_with_and_without_the_cache(num_beams, sources, tiny_model):
     model = tiny_model(position_encoding="rope")
     with torch.no_grad():
         model.final_logits_bias[0, EOS] = 0.3
-    src, mask = sources()
+    src, mask = sources
     runs = [
         model.generate(
             src,
@@ -181,11 +190,11 @@ def test_every_option_decodes_the_same_with_and_without_the_cache(num_beams):
     ]
     assert torch.equal(runs[0].sequences, runs[1].sequences)
     assert min(lengths(runs[0].sequences)) >= 9  # 1.2 × 7 source tokens, rounded up
-    for cached, uncached in zip(runs[0].scores, runs[1].scores):
+    for cached, uncached in zip(runs[0].scores, runs[1].scores, strict=True):
         torch.testing.assert_close(cached, uncached, atol=1e-5, rtol=1e-5)
 
 
-def test_the_saved_generation_config_turns_the_options_on_and_round_trips(tmp_path):
+def test_the_saved_generation_config_turns_the_options_on_and_round_trips(tmp_path, eager_model, sources):
     model = eager_model()
     stored = json.loads(json.dumps(model.generation_config.to_dict()))
     assert {key: stored[key] for key in LENGTH_CONTROL_DEFAULTS} == LENGTH_CONTROL_DEFAULTS  # off by default
@@ -198,7 +207,7 @@ def test_the_saved_generation_config_turns_the_options_on_and_round_trips(tmp_pa
         key: getattr(GenerationConfig.from_pretrained(tmp_path), key) for key in ALL_OPTIONS
     } == ALL_OPTIONS
     loaded = AutoModelForSeq2SeqLM.from_pretrained(tmp_path).eval()
-    src, mask = sources()
+    src, mask = sources
     expected = model.generate(src, attention_mask=mask, max_new_tokens=40)
     assert torch.equal(loaded.generate(src, attention_mask=mask, max_new_tokens=40), expected)
     assert torch.equal(
@@ -221,13 +230,13 @@ REMOTE_GENERATE = textwrap.dedent(
 )
 
 
-def test_a_saved_folder_decodes_with_length_control_without_hf_posenc(tmp_path):
+def test_a_saved_folder_decodes_with_length_control_without_hf_posenc(tmp_path, eager_model, sources):
     model = eager_model()
     for key, value in ALL_OPTIONS.items():
         setattr(model.generation_config, key, value)
     model.save_pretrained(tmp_path)
     assert (tmp_path / "generation_length.py").is_file()  # save_pretrained copied the closure
-    src, mask = sources()
+    src, mask = sources
     torch.save((src, mask), tmp_path / "inputs.pt")
     completed = subprocess.run(
         [sys.executable, "-c", REMOTE_GENERATE, str(tmp_path)],
@@ -259,7 +268,9 @@ def test_a_saved_folder_decodes_with_length_control_without_hf_posenc(tmp_path):
         ("sentence_end_token_ids", 5, "a list of token ids in 0..59"),
     ],
 )
-def test_bad_values_are_refused_naming_the_key_the_value_and_what_is_allowed(key, value, allowed):
+def test_bad_values_are_refused_naming_the_key_the_value_and_what_is_allowed(
+    key, value, allowed, tiny_model, source_batch
+):
     model = tiny_model()
     src, mask = source_batch()
     with pytest.raises(
@@ -271,11 +282,15 @@ def test_bad_values_are_refused_naming_the_key_the_value_and_what_is_allowed(key
         model.generate(src, attention_mask=mask, max_new_tokens=3)
 
 
-def test_the_sentence_count_needs_sentence_end_ids_and_length_control_needs_token_ids():
+def test_the_sentence_count_needs_sentence_end_ids_and_length_control_needs_token_ids(
+    tiny_model, source_batch
+):
     model = tiny_model()
     src, mask = source_batch()
     with pytest.raises(ValueError, match="match_source_sentence_count=True needs a non-empty list"):
         model.generate(src, attention_mask=mask, max_new_tokens=3, match_source_sentence_count=True)
+    ids_from_the_model = tiny_model(sentence_end_token_ids=[END_A])  # also sentence-aware positions
+    ids_from_the_model.generate(src, attention_mask=mask, max_new_tokens=3, match_source_sentence_count=True)
     embeds = model.get_input_embeddings()(src)
     with pytest.raises(ValueError, match="needs the source token ids"):
         model.generate(inputs_embeds=embeds, attention_mask=mask, max_new_tokens=3, word_reward=0.1)
