@@ -10,12 +10,12 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import EOS, PAD, decode_with_cache, source_batch, target_batch, tiny_config, tiny_model
 
 import hf_posenc
 from hf_posenc import POSITION_ENCODINGS, MarianPosEncForConditionalGeneration
 from hf_posenc.base import PositionLimitError
 from hf_posenc.sentence_positions import SentenceBoundaries
+from tests.helpers import EOS, PAD, decode_with_cache
 
 ENDS = [5, 11, 17, 23, 29]
 SENTENCES = {"sentence_end_token_ids": ENDS}
@@ -23,7 +23,8 @@ WITH_BIAS = {**SENTENCES, "sentence_cross_attention_bias": True}
 RESTARTABLE = [name for name, cls in POSITION_ENCODINGS.items() if cls.supports_sentence_positions]
 
 
-def sentence_batch():
+@pytest.fixture
+def sentence_batch(source_batch, target_batch):
     """Sources and targets (the decoder start token first) with several sentence ends per row."""
     src, mask = source_batch()
     src[0, [2, 6]] = torch.tensor([5, 17])
@@ -41,7 +42,7 @@ def talkative(model):
     return model
 
 
-def test_positions_restart_after_each_sentence_end_and_the_closing_eos_stays_in_its_sentence():
+def test_positions_restart_after_each_sentence_end_and_the_closing_eos_stays_in_its_sentence(tiny_config):
     boundaries = SentenceBoundaries(tiny_config(**SENTENCES))
     ids = torch.tensor([[7, 8, 5, 9, 11, 12, 13, 17, EOS, PAD]])
     mask = torch.tensor([[1, 1, 1, 1, 1, 1, 1, 1, 1, 0]])
@@ -50,7 +51,7 @@ def test_positions_restart_after_each_sentence_end_and_the_closing_eos_stays_in_
     assert found.indices.tolist() == [[0, 0, 0, 1, 1, 2, 2, 2, 2, 2]]
 
 
-def test_sentence_positions_do_not_depend_on_left_padding():
+def test_sentence_positions_do_not_depend_on_left_padding(tiny_config):
     boundaries = SentenceBoundaries(tiny_config(**SENTENCES))
     ids = torch.tensor([[7, 5, 9, EOS], [PAD, 7, 5, 9]])
     mask = torch.tensor([[1, 1, 1, 1], [0, 1, 1, 1]])
@@ -61,7 +62,7 @@ def test_sentence_positions_do_not_depend_on_left_padding():
 
 
 @pytest.mark.parametrize("split", [1, 3, 5])
-def test_carried_state_continues_the_sequence_exactly(split):
+def test_carried_state_continues_the_sequence_exactly(split, tiny_config):
     """What the decoder cache carries: the positions of a sequence found in two calls, the second one resuming
     from the first one's state, are those of one call over the whole sequence."""
     boundaries = SentenceBoundaries(tiny_config(**SENTENCES))
@@ -75,9 +76,11 @@ def test_carried_state_continues_the_sequence_exactly(split):
 
 
 @pytest.mark.parametrize("encoding", ["sinusoidal", "learned"])
-def test_the_stack_input_is_token_plus_in_sentence_position_plus_sentence_row(encoding):
+def test_the_stack_input_is_token_plus_in_sentence_position_plus_sentence_row(
+    encoding, tiny_model, sentence_batch
+):
     model = tiny_model(position_encoding=encoding, **SENTENCES)
-    src, mask, tgt = sentence_batch()
+    src, mask, tgt = sentence_batch
     with torch.no_grad():
         out = model(input_ids=src, attention_mask=mask, decoder_input_ids=tgt, output_hidden_states=True)
     for stack, ids, hidden, padding in (
@@ -95,9 +98,9 @@ def test_the_stack_input_is_token_plus_in_sentence_position_plus_sentence_row(en
 
 @pytest.mark.parametrize("encoding", RESTARTABLE)
 @pytest.mark.parametrize("bias", [False, True], ids=["", "cross-bias"])
-def test_incremental_decoding_equals_full_forward(encoding, bias):
+def test_incremental_decoding_equals_full_forward(encoding, bias, tiny_model, sentence_batch):
     model = tiny_model(position_encoding=encoding, **(WITH_BIAS if bias else SENTENCES))
-    src, mask, tgt = sentence_batch()
+    src, mask, tgt = sentence_batch
     with torch.no_grad():
         encoder_outputs = model.get_encoder()(input_ids=src, attention_mask=mask)
         full = model(encoder_outputs=encoder_outputs, attention_mask=mask, decoder_input_ids=tgt).logits
@@ -107,9 +110,9 @@ def test_incremental_decoding_equals_full_forward(encoding, bias):
 
 
 @pytest.mark.parametrize("encoding", ["sinusoidal", "rope", "t5_bias", "alibi"])
-def test_greedy_and_beam_search_are_identical_with_and_without_cache(encoding):
+def test_greedy_and_beam_search_are_identical_with_and_without_cache(encoding, tiny_model, sentence_batch):
     model = talkative(tiny_model(position_encoding=encoding, **WITH_BIAS))
-    src, mask, _ = sentence_batch()
+    src, mask, _ = sentence_batch
     greedy = dict(attention_mask=mask, max_new_tokens=14, num_beams=1, do_sample=False)
     cached, uncached = (model.generate(src, use_cache=use, **greedy) for use in (True, False))
     assert cached.tolist() == uncached.tolist()
@@ -124,7 +127,9 @@ def test_greedy_and_beam_search_are_identical_with_and_without_cache(encoding):
         torch.testing.assert_close(step_cached[finite], step_uncached[finite], atol=1e-4, rtol=1e-4)
 
 
-def test_a_strong_sentence_bias_confines_each_target_sentence_to_its_source_sentence():
+def test_a_strong_sentence_bias_confines_each_target_sentence_to_its_source_sentence(
+    tiny_model, sentence_batch
+):
     """With a large negative bias at every sentence difference but 0 (G-Transformer's group attention), the
     cross-attention of a target token falls on the source tokens of its own sentence only."""
     model = tiny_model(attn_implementation="eager", **WITH_BIAS)
@@ -133,7 +138,7 @@ def test_a_strong_sentence_bias_confines_each_target_sentence_to_its_source_sent
         model.model.decoder.sentence_cross_attention_bias.weight[
             :, model.config.sentence_cross_attention_max_distance
         ] = 0
-    src, mask, tgt = sentence_batch()
+    src, mask, tgt = sentence_batch
     with torch.no_grad():
         out = model(input_ids=src, attention_mask=mask, decoder_input_ids=tgt, output_attentions=True)
         encoder = model.get_encoder()(input_ids=src, attention_mask=mask)
@@ -145,8 +150,8 @@ def test_a_strong_sentence_bias_confines_each_target_sentence_to_its_source_sent
         assert outside[has_source[:, None].expand_as(outside)].max() < 1e-6
 
 
-def test_the_cross_attention_bias_gives_the_same_logits_through_sdpa_and_eager():
-    src, mask, tgt = sentence_batch()
+def test_the_cross_attention_bias_gives_the_same_logits_through_sdpa_and_eager(tiny_model, sentence_batch):
+    src, mask, tgt = sentence_batch
     logits = []
     for implementation in ("sdpa", "eager"):
         model = tiny_model(attn_implementation=implementation, **WITH_BIAS)
@@ -155,9 +160,9 @@ def test_the_cross_attention_bias_gives_the_same_logits_through_sdpa_and_eager()
     torch.testing.assert_close(logits[0], logits[1], atol=1e-5, rtol=1e-4)
 
 
-def test_each_sentence_option_changes_the_output():
+def test_each_sentence_option_changes_the_output(tiny_model, sentence_batch):
     """Restarting positions, the sentence embedding and the cross-attention bias each reach the logits."""
-    src, mask, tgt = sentence_batch()
+    src, mask, tgt = sentence_batch
     outputs = {}
     for name, overrides in {
         "plain": {},
@@ -174,7 +179,7 @@ def test_each_sentence_option_changes_the_output():
         assert not torch.allclose(outputs[before], outputs[after]), (before, after)
 
 
-def test_save_and_reload_keeps_the_fields_and_the_logits(tmp_path):
+def test_save_and_reload_keeps_the_fields_and_the_logits(tmp_path, tiny_model, sentence_batch):
     model = tiny_model(**WITH_BIAS, max_sentences=8, sentence_cross_attention_max_distance=2)
     model.save_pretrained(tmp_path)
     saved = json.loads((tmp_path / "config.json").read_text())
@@ -183,7 +188,7 @@ def test_save_and_reload_keeps_the_fields_and_the_logits(tmp_path):
     assert saved["sentence_cross_attention_bias"] is True and saved["sentence_embedding"] == "learned"
     assert (tmp_path / "sentence_positions.py").is_file()
     reloaded = MarianPosEncForConditionalGeneration.from_pretrained(tmp_path).eval()
-    src, mask, tgt = sentence_batch()
+    src, mask, tgt = sentence_batch
     with torch.no_grad():
         before = model(input_ids=src, attention_mask=mask, decoder_input_ids=tgt).logits
         after = reloaded(input_ids=src, attention_mask=mask, decoder_input_ids=tgt).logits
@@ -206,11 +211,13 @@ REMOTE_CODE_CHECK = textwrap.dedent(
 )
 
 
-def test_a_saved_folder_loads_and_decodes_with_trust_remote_code_without_the_package(tmp_path):
+def test_a_saved_folder_loads_and_decodes_with_trust_remote_code_without_the_package(
+    tmp_path, tiny_model, sentence_batch
+):
     torch.set_num_threads(1)
     model = talkative(tiny_model(position_encoding="rope", **WITH_BIAS))
     model.save_pretrained(tmp_path)
-    src, mask, _ = sentence_batch()
+    src, mask, _ = sentence_batch
     torch.save((src, mask), tmp_path / "inputs.pt")
     expected = model.generate(src, attention_mask=mask, num_beams=4, max_new_tokens=10).tolist()
     completed = subprocess.run(
@@ -222,9 +229,9 @@ def test_a_saved_folder_loads_and_decodes_with_trust_remote_code_without_the_pac
     assert result["generated"] == expected
 
 
-def test_more_sentences_than_the_table_holds_raise_a_position_limit_error():
+def test_more_sentences_than_the_table_holds_raise_a_position_limit_error(tiny_model, sentence_batch):
     model = tiny_model(**SENTENCES, max_sentences=2)
-    src, mask, tgt = sentence_batch()  # source row 0 holds three sentences
+    src, mask, tgt = sentence_batch  # source row 0 holds three sentences
     with pytest.raises(PositionLimitError, match=r"'sentence embedding' table \(config.max_sentences=2\)"):
         model(input_ids=src, attention_mask=mask, decoder_input_ids=tgt)
     with torch.no_grad():
@@ -274,18 +281,18 @@ def test_more_sentences_than_the_table_holds_raise_a_position_limit_error():
         ),
     ],
 )
-def test_bad_sentence_settings_are_refused_naming_the_value(overrides, message):
+def test_bad_sentence_settings_are_refused_naming_the_value(overrides, message, tiny_config):
     with pytest.raises(ValueError, match=message):
         tiny_config(**overrides)
 
 
-def test_without_sentence_ends_the_position_free_cross_mixers_stay_allowed():
+def test_without_sentence_ends_the_position_free_cross_mixers_stay_allowed(tiny_config):
     tiny_config(**SENTENCES, cross_attention="rposnet")  # no bias: cross-attention keeps its plain positions
 
 
-def test_inputs_embeds_are_refused_since_sentence_ends_are_found_in_token_ids():
+def test_inputs_embeds_are_refused_since_sentence_ends_are_found_in_token_ids(tiny_model, sentence_batch):
     model = tiny_model(**SENTENCES)
-    src, mask, tgt = sentence_batch()
+    src, mask, tgt = sentence_batch
     with pytest.raises(ValueError, match=r"find sentence ends in the token ids: pass input_ids"):
         model(inputs_embeds=model.get_input_embeddings()(src), attention_mask=mask, decoder_input_ids=tgt)
 
@@ -309,11 +316,11 @@ def record_host_reads(monkeypatch) -> list[str]:
     return reads
 
 
-def test_decoding_steps_read_nothing_back_from_the_device(monkeypatch):
+def test_decoding_steps_read_nothing_back_from_the_device(monkeypatch, tiny_model, sentence_batch):
     """The sentence state lives in the cache on the device: a decoding step reads no tensor into Python while the
     target is shorter than the sentence table."""
     model = talkative(tiny_model(position_encoding="t5_bias", **WITH_BIAS))
-    src, mask, _ = sentence_batch()
+    src, mask, _ = sentence_batch
     with torch.no_grad():
         encoder_outputs = model.get_encoder()(input_ids=src, attention_mask=mask)
         reads = record_host_reads(monkeypatch)
