@@ -1,15 +1,22 @@
-"""Model cards: fill the card template (model_cards/template.md, linked into the package as
-`model_card_template.md`) with a trained model's configuration, data, scores and machine.
+"""Model cards: the Hub metadata, written as YAML by a YAML library (`yaml.safe_dump`: a run name with ':' or
+quotes stays valid YAML) and read back through huggingface_hub's own card parser (`check_card_metadata`), over
+the card text of `model_card_template.md` (package data) filled with a trained model's configuration, data,
+scores and machine.
 
 What the card says of the data comes from what the run read: the number of test pairs actually scored, the
-dataset's Hub id, config and split where one exists (`DATASETS`), the data's terms (which decide the card's
-`license`: weights trained on Multi30k inherit Flickr30K's non-commercial terms, whatever the code's
-licence), and BibTeX for every paper the modules cite and for this library.
+dataset's Hub id, config and split where one exists (`DATASETS`; the split as the Hub dataset names it, e.g.
+Multi30k's `test`, not the file `test_2016_flickr`), the data's terms (which decide the card's `license`:
+weights trained on Multi30k inherit Flickr30K's non-commercial terms, whatever the code's licence; a licence
+`other` comes with its name and a link to the terms), and BibTeX for every paper the modules cite and for this
+library.
 """
 
 import re
 from dataclasses import dataclass
 from pathlib import Path
+
+import yaml
+from huggingface_hub import ModelCard, ModelCardData
 
 from ...base import ATTENTION_SITES, DECODER, ENCODER
 from ...configuration_marian_posenc import MarianPosEncConfig
@@ -46,6 +53,14 @@ class Dataset:
     terms: str
     license: str  # the card's `license` field
     license_name: str | None = None  # for license "other"
+    license_link: str | None = None  # for license "other": where the terms are
+    splits: tuple[tuple[str, str], ...] = ()  # (our split or file name, the Hub dataset's split name)
+
+    def split_name(self, split: str) -> str:
+        """The split as the Hub dataset names it: `split`, or the name of a test file without its language-pair
+        suffix (`newstest2014.en-de`), looked up in `splits`; unknown splits keep their own name."""
+        names = dict(self.splits)
+        return names.get(split) or names.get(split.split(".")[0]) or split
 
 
 MULTI30K_TERMS = (
@@ -55,25 +70,37 @@ MULTI30K_TERMS = (
 WMT14_TERMS = (
     "the WMT14 training corpora are released for research; check each corpus's own terms before other use."
 )
+FLICKR30K_TERMS_LINK = (
+    "https://shannon.cs.illinois.edu/DenotationGraph/"  # the terms Flickr30K is released under
+)
+WMT14_TERMS_LINK = "https://www.statmt.org/wmt14/translation-task.html"  # each corpus and its terms
+# The Hub dataset bentrevett/multi30k holds the shipped Multi30k files under the split names train, validation
+# and test (test_2016_flickr); wmt/wmt14 holds newstest2013 as validation and newstest2014 as test.
+MULTI30K_SPLITS = (("train", "train"), ("val", "validation"), ("test_2016_flickr", "test"))
+WMT14_SPLITS = (("train", "train"), ("newstest2013", "validation"), ("newstest2014", "test"))
+MULTI30K_DOMAIN = "image descriptions (Flickr30K captions): short, literal sentences."
 # Where the recipes' data live on the Hub, per (data, language pair); others are named by their files.
 DATASETS = {
     ("multi30k", "en-de"): Dataset(
         "Multi30k task 1 (En-De)",
         "bentrevett/multi30k",
         None,
-        "image descriptions (Flickr30K captions): short, literal sentences.",
+        MULTI30K_DOMAIN,
         MULTI30K_TERMS,
         "other",
         "flickr30k-non-commercial",
+        FLICKR30K_TERMS_LINK,
+        MULTI30K_SPLITS,
     ),
     ("multi30k", "en-fr"): Dataset(
         "Multi30k task 1 (En-Fr)",
         None,
         None,
-        "image descriptions (Flickr30K captions): short, literal sentences.",
+        MULTI30K_DOMAIN,
         MULTI30K_TERMS,
         "other",
         "flickr30k-non-commercial",
+        FLICKR30K_TERMS_LINK,
     ),
     ("wmt14", "en-de"): Dataset(
         "WMT14 En-De",
@@ -83,6 +110,8 @@ DATASETS = {
         WMT14_TERMS,
         "other",
         "wmt14-research",
+        WMT14_TERMS_LINK,
+        WMT14_SPLITS,
     ),
     ("wmt14", "en-fr"): Dataset(
         "WMT14 En-Fr",
@@ -92,6 +121,8 @@ DATASETS = {
         WMT14_TERMS,
         "other",
         "wmt14-research",
+        WMT14_TERMS_LINK,
+        WMT14_SPLITS,
     ),
 }
 
@@ -153,9 +184,11 @@ def module_sources(choices: dict) -> tuple[str, str]:
     return "\n".join(lines), "\n".join(f"- {citation}" for citation in module_citations(choices))
 
 
-def write_model_card(folder, model, scores: dict, dataset: Dataset, **fields) -> Path:
-    """Write README.md (YAML front matter with `model-index`, how to load, scores, decoding, intended use and
-    limitations, BibTeX) into `folder`.
+def write_model_card(
+    folder, model, scores: dict, dataset: Dataset, base_model: str | None = None, **fields
+) -> Path:
+    """Write README.md (YAML metadata with `model-index`, how to load, scores, decoding, intended use and
+    limitations, BibTeX) into `folder`; `base_model` is the Hub id of the model training started from.
 
     Stock Marian configs lack the module fields: they get the defaults of `MarianPosEncConfig` (sinusoidal +
     content attention), which is what a stock Marian model computes.
@@ -181,20 +214,78 @@ def write_model_card(folder, model, scores: dict, dataset: Dataset, **fields) ->
         "num_beams": generation.num_beams,
         "length_penalty": generation.length_penalty,
         "max_new_tokens_over_source": getattr(generation, "max_new_tokens_over_source", None),
-        "dataset_id": dataset.hub_id or dataset.name,
         "dataset_name": f"{dataset.name}, {fields['test_split']}",
-        "dataset_config": f"\n      config: {dataset.config}" if dataset.config else "",
         "domain": dataset.domain,
         "data_terms": dataset.terms,
-        "license": dataset.license,
-        "license_name": f"\nlicense_name: {dataset.license_name}" if dataset.license_name else "",
         "hardware": "not recorded",
         "warning": "",
         **fields,
     }
+    metadata = card_metadata(values, dataset, base_model)
+    front = yaml.safe_dump(metadata, sort_keys=False, allow_unicode=True, width=1000)
+    text = f"---\n{front}---\n" + TEMPLATE.read_text(encoding="utf-8").format_map(values)
+    check_card_metadata(text, metadata)
     path = Path(folder) / "README.md"
-    path.write_text(TEMPLATE.read_text(encoding="utf-8").format_map(values), encoding="utf-8")
+    path.write_text(text, encoding="utf-8")
     return path
+
+
+def card_metadata(values: dict, dataset: Dataset, base_model: str | None) -> dict:
+    """The card's YAML metadata as the Hub reads it: languages, licence (with its name and link when `other`),
+    tags, dataset, base model, and the scores as a `model-index` on the test split as the dataset names it."""
+    source, target = values["source_lang"], values["target_lang"]
+    licence = {"license": dataset.license}
+    if dataset.license == "other":
+        licence.update(license_name=dataset.license_name, license_link=dataset.license_link)
+    split = {"config": dataset.config} if dataset.config else {}
+    split["split"] = dataset.split_name(values["test_split"])
+    metrics = [
+        {"type": "bleu", "value": values["bleu"], "name": "BLEU", "args": values["bleu_signature"]},
+        {"type": "chrf", "value": values["chrf"], "name": "chrF++", "args": values["chrf_signature"]},
+    ]
+    result = {
+        "task": {"type": "translation", "name": f"Translation {source}-{target}"},
+        "dataset": {"name": values["dataset_name"], "type": dataset.hub_id or dataset.name, **split},
+        "metrics": metrics,
+    }
+    tags = [
+        "translation",
+        "marian_posenc",
+        "hf_posenc",
+        f"position-encoding-{values['encoder_position_encoding']}",
+        f"decoder-position-encoding-{values['decoder_position_encoding']}",
+        f"token-mixer-{values['encoder_self_attention']}",
+    ]
+    return {
+        "language": [source, target],
+        **licence,
+        "library_name": "transformers",
+        "pipeline_tag": "translation",
+        "tags": tags,
+        "datasets": [dataset.hub_id or dataset.name],
+        **({"base_model": base_model} if base_model else {}),
+        "metrics": ["bleu", "chrf"],
+        "model-index": [{"name": values["model_name"], "results": [result]}],
+    }
+
+
+def check_card_metadata(text: str, metadata: dict) -> ModelCardData:
+    """The card read by huggingface_hub's parser (`ModelCard`: the YAML block must be a mapping; `ModelCardData`
+    turns the model-index into `EvalResult`s and raises on a malformed one), compared with what was meant, and
+    the Hub's licence rule (`other` needs `license_name` and `license_link`). A ValueError names the problem."""
+    data = ModelCard(text).data
+    if data.to_dict() != ModelCardData(**metadata).to_dict():
+        raise ValueError(
+            f"the model card's metadata reads back as {data.to_dict()}, not as written: {metadata}"
+        )
+    results = {result.metric_type: result.metric_value for result in data.eval_results or []}
+    if set(results) != {"bleu", "chrf"}:
+        raise ValueError(f"the model card's model-index holds the scores {results}, expected BLEU and chrF++")
+    if data.license == "other" and not (data.license_name and data.license_link):
+        raise ValueError(
+            f"license: other needs license_name and license_link (got {data.license_name!r}, {data.license_link!r})"
+        )
+    return data
 
 
 def paper_deviations(config) -> list[str]:

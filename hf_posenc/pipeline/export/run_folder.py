@@ -10,7 +10,9 @@ and the Hub upload.
 - The run folder is written into `<run>.partial` and renamed into place, so a folder under the run's name is
   always complete; a failed write (a full disk) removes the partial folder and names it.
 - `export` (the last stage of a run) writes the Hub folder: weights, config + model code, tokenizer, generation
-  config, model card, scores.json and the test translations.
+  config, model card, scores.json and the test translations. The card and scores.json name no absolute local
+  path (a home, cache or data folder of this machine): a path under the data root is written relative to it,
+  any other absolute path as its bare file name (`portable_paths`).
 - The upload honours every Hub field the Trainer defines (token, private, revision); a private repository
   that exists as a public one is refused before anything is uploaded.
 """
@@ -18,17 +20,44 @@ and the Hub upload.
 import json
 import logging
 import os
+import re
 import shutil
 import tempfile
 from pathlib import Path
 
 from safetensors import SafetensorError
 
+from ..data.files import data_root
 from .model_card import dataset_of, write_model_card
 
 logger = logging.getLogger(__name__)
 
 REPLACED = ".replaced"  # the suffix of an old run moved aside by --overwrite_output_dir
+# An absolute POSIX path in a text: a '/' that starts the text or follows a space, bracket, quote, '=' or ',' (not
+# the '/' of a URL, a Hub id or the " / " between a source and a target file), up to the next space.
+ABSOLUTE_PATH = re.compile(r"(?<![^\s(\['\"=,])/[^/\s]+(?:/[^/\s]+)*")
+
+
+def portable_paths(value, root: Path | None):
+    """`value` (a string, or a dict or list of them, as scores.json holds) with every absolute path made
+    portable: relative to the data root `root` where it lies under it, else its bare file name."""
+    if isinstance(value, dict):
+        return {key: portable_paths(item, root) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [portable_paths(item, root) for item in value]
+    if not isinstance(value, str):
+        return value
+    roots = [] if root is None else [root.absolute(), root.resolve()]
+
+    def portable(match: re.Match) -> str:
+        path = Path(match.group())
+        for base in roots:
+            for candidate in (path, path.resolve()):
+                if candidate.is_relative_to(base):
+                    return candidate.relative_to(base).as_posix()
+        return path.name
+
+    return ABSOLUTE_PATH.sub(portable, value)
 
 
 def check_writable(folder: Path, flag: str) -> None:
@@ -191,13 +220,14 @@ def export(args, model, data, evaluation, record: dict) -> Path:
         if args.data.test_source is None
         else Path(args.data.test_source).name.removesuffix(".gz").rsplit(".", 1)[0]
     )
+    root = data_root(args.data.data_root)
     # the data's name: the `datasets` id, or the folder the files are in (multi30k for the shipped data)
     folder = Path(args.data.train_source).parent if args.data.train_source else Path(args.data.data_dir)
     dataset = dataset_of(
         args.data.hf_dataset or folder.name,
         args.data.source_lang,
         args.data.target_lang,
-        data.train_text.name,
+        portable_paths(data.train_text.name, root),
     )
     card = dict(
         model_name=output_dir.name,
@@ -218,13 +248,14 @@ def export(args, model, data, evaluation, record: dict) -> Path:
         if evaluation.degenerate
         else "",
     )
+    card, record = portable_paths(card, root), portable_paths(record, root)
 
     def write(folder: Path) -> None:
         model.save_pretrained(folder)
         data.tokenizer.save_pretrained(folder)
         (folder / "scores.json").write_text(json.dumps(record, indent=2) + "\n")
         (folder / f"test.hyp.{args.data.target_lang}").write_text("\n".join(evaluation.hypotheses) + "\n")
-        write_model_card(folder, model, record, dataset, **card)
+        write_model_card(folder, model, record, dataset, base_model=hub_base_model(args), **card)
         copy_training_logs(args.checkpoints_dir, folder)
 
     write_run_folder(output_dir, write)
@@ -234,6 +265,15 @@ def export(args, model, data, evaluation, record: dict) -> Path:
     if training.push_to_hub:
         push_to_hub(output_dir, training, commit_message="hf_posenc training run")
     return output_dir
+
+
+def hub_base_model(args) -> str | None:
+    """The Hub id of the model training started from (the card's `base_model`), or None: no pretrained model, or
+    a local folder (which the Hub cannot link to, and whose path the card does not name)."""
+    name = args.model.model_name_or_path
+    if not name or Path(name).exists() or name.startswith((".", "/", "~")) or name.count("/") > 1:
+        return None
+    return name
 
 
 def training_data_text(report: dict, name: str) -> str:
