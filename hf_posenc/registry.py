@@ -2,7 +2,7 @@
 
 `POSITION_ENCODINGS` are chosen per stack (`encoder_position_encoding`, `decoder_position_encoding`);
 `TOKEN_MIXERS` per attention site (`encoder_self_attention`, `decoder_self_attention`, `cross_attention`).
-The conformance suite (tests/test_conformance.py) runs over every name listed here.
+The conformance suite (tests/model/test_conformance.py) runs over every name listed here.
 """
 
 from .mixer_attention import ContentAttention

@@ -1,16 +1,13 @@
-"""The length-generalisation harness and the concatenation augmentation.
+"""The length-generalisation harness (analysis/length_generalisation.py).
 
 Joining and bucketing on hand-made inputs; the scores of a perfect, a truncating and a length-capped stub
 translator; "cannot" rows (never a crash) for tables too short for the input, from a stub and from a tiny
-learned-table model; the plot, the tables, the cache and the CLI; the augmentation's determinism, probability,
-invariants and argument checks.
-"""
+learned-table model; the plot, the tables, the cache and the CLI, which refuses bad input before loading."""
 
 import json
 
 import pytest
 import torch
-from conftest import EOS, PAD, VOCAB, tiny_model
 
 from hf_posenc.analysis import length_generalisation as harness
 from hf_posenc.analysis.length_generalisation import (
@@ -30,8 +27,7 @@ from hf_posenc.analysis.length_generalisation import (
     sentence_ends,
 )
 from hf_posenc.base import PositionLimitError
-from hf_posenc.pipeline.data.augmentation import concatenate_consecutive
-from hf_posenc.pipeline.data.files import ParallelText
+from tests.helpers import assert_refused
 
 WORDS = "a man woman dog cat runs sits on the green red grass near old house while children play".split()
 
@@ -51,24 +47,6 @@ def first_half(batch):
 def eight_word_sentences(count):
     """`count` sentences of 8 words each: 9 source tokens with end-of-sentence, 65 once 8 are joined."""
     return [" ".join(WORDS[(i + j) % len(WORDS)] for j in range(8)) for i in range(count)]
-
-
-@pytest.fixture(scope="module")
-def tokenizer():
-    from tokenizers import Tokenizer, models, pre_tokenizers, processors
-    from transformers import PreTrainedTokenizerFast
-
-    vocab = {"<pad>": PAD, "</s>": EOS, "<unk>": 2}
-    for word in WORDS:
-        vocab.setdefault(word, len(vocab))
-    while len(vocab) < VOCAB:  # every id the tiny model can generate decodes to a word
-        vocab[f"filler{len(vocab)}"] = len(vocab)
-    backend = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
-    backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    backend.post_processor = processors.TemplateProcessing(single="$A </s>", special_tokens=[("</s>", EOS)])
-    return PreTrainedTokenizerFast(
-        tokenizer_object=backend, pad_token="<pad>", eos_token="</s>", unk_token="<unk>"
-    )
 
 
 # Joining and bucketing.
@@ -186,7 +164,7 @@ def test_other_value_errors_are_not_mistaken_for_a_position_limit():
         measure_length_generalisation(broken, word_count_plus_eos, ["a man"], ["a man"], k=[1])
 
 
-def test_bounded_tables_raise_position_limit_error_a_value_error_naming_both_numbers():
+def test_bounded_tables_raise_position_limit_error_a_value_error_naming_both_numbers(tiny_model):
     model = tiny_model(position_encoding="learned")
     too_long = torch.full((1, 65), 5)
     with pytest.raises(
@@ -197,12 +175,12 @@ def test_bounded_tables_raise_position_limit_error_a_value_error_naming_both_num
     assert (error.value.positions, error.value.max_positions, error.value.module_name) == (65, 64, "learned")
 
 
-def test_tiny_learned_table_model_gives_cannot_instead_of_crashing(tokenizer):
-    """conftest's tiny model has 64 positions: 8 joined 8-word sentences (65 tokens) cannot be encoded, while
+def test_tiny_learned_table_model_gives_cannot_instead_of_crashing(toy_tokenizer, tiny_model):
+    """The tiny model has 64 positions: 8 joined 8-word sentences (65 tokens) cannot be encoded, while
     single sentences (9 tokens, up to 9 + 50 decoder positions) translate."""
     sentences = eight_word_sentences(8)
     model = tiny_model(position_encoding="learned")
-    result = length_generalisation(model, tokenizer, sentences, sentences, k=[1, 8], bucket_edges=[5])
+    result = length_generalisation(model, toy_tokenizer, sentences, sentences, k=[1, 8], bucket_edges=[5])
     single, joined = result["joined"]
     assert single["cannot"] is None and single["inputs"] == 8 and single["bleu"] is not None
     assert joined["cannot"] == {"positions": 65, "max_positions": 64, "module": "learned"}
@@ -246,12 +224,12 @@ def test_plot_and_comparison_table_show_every_model_and_cannot_cells(tmp_path):
 
 
 @pytest.fixture
-def saved_model(tmp_path, tokenizer):
+def saved_model(tmp_path, toy_tokenizer, tiny_model):
     """A tiny sinusoidal model (64 positions) with its tokenizer and generation config (beam 4), saved."""
     model = tiny_model(position_encoding="sinusoidal")
     folder = tmp_path / "model"
     model.save_pretrained(folder)
-    tokenizer.save_pretrained(folder)
+    toy_tokenizer.save_pretrained(folder)
     return folder
 
 
@@ -270,7 +248,7 @@ def test_model_folder_results_are_cached_next_to_the_model(saved_model, monkeypa
         length_generalisation_for_model_dir(saved_model, sentences, sentences, [1], [5])
 
 
-def test_cli_prints_a_table_and_writes_json_and_plot(saved_model, tmp_path, capsys):
+def test_cli_prints_a_table_and_writes_json_and_plot(saved_model, tmp_path, capsys, texts):
     sentences = eight_word_sentences(8)
     (tmp_path / "test.src").write_text("\n".join(sentences) + "\n")
     (tmp_path / "test.ref").write_text("\n".join(sentences) + "\n")
@@ -299,53 +277,7 @@ def test_cli_prints_a_table_and_writes_json_and_plot(saved_model, tmp_path, caps
     assert plot.read_bytes().startswith(b"\x89PNG")
 
 
-# Concatenation augmentation.
-
-
-def numbered_text(count):
-    return ParallelText([f"s{i}" for i in range(count)], [f"t{i}" for i in range(count)], "numbered")
-
-
-def test_augmentation_is_deterministic_for_a_seed():
-    text = numbered_text(300)
-    first = concatenate_consecutive(text, 0.5, [2, 3], seed=7)
-    assert first == concatenate_consecutive(text, 0.5, [2, 3], seed=7)
-    assert first.source != concatenate_consecutive(text, 0.5, [2, 3], seed=8).source
-
-
-def test_augmentation_joins_consecutive_pairs_and_keeps_every_pair_once_in_order():
-    text = numbered_text(500)
-    augmented = concatenate_consecutive(text, 0.4, [2, 4], seed=0)
-    assert " ".join(augmented.source) == " ".join(text.source)
-    assert " ".join(augmented.target) == " ".join(text.target)
-    for source, target in zip(augmented.source, augmented.target, strict=True):
-        indices = [int(word[1:]) for word in source.split()]
-        assert [int(word[1:]) for word in target.split()] == indices  # sides stay aligned
-        assert len(indices) in (1, 2, 4) or indices[-1] == 499  # only the corpus end may cut a group short
-        assert indices == list(range(indices[0], indices[0] + len(indices)))  # consecutive
-
-
-def test_augmentation_probability_is_the_share_of_joined_examples():
-    assert concatenate_consecutive(numbered_text(50), 0.0).source == numbered_text(50).source
-    assert concatenate_consecutive(numbered_text(7), 1.0).source == ["s0 s1", "s2 s3", "s4 s5", "s6"]
-    augmented = concatenate_consecutive(numbered_text(20000), 0.3, [2, 3], seed=1)
-    sizes = [len(source.split()) for source in augmented.source]
-    joined = [size for size in sizes if size > 1]
-    assert abs(len(joined) / len(sizes) - 0.3) < 0.02
-    assert abs(sum(joined) / len(joined) - 2.5) < 0.05  # group sizes drawn uniformly
-
-
-def test_augmentation_rejects_bad_arguments_naming_them():
-    text = numbered_text(4)
-    for probability in (-0.1, 1.5, "0.5", True):
-        with pytest.raises(ValueError, match=r"probability=.*between 0 and 1"):
-            concatenate_consecutive(text, probability)
-    for sizes in ([], [1], [2, 1], [2.0]):
-        with pytest.raises(ValueError, match=r"group_sizes=.*whole numbers >= 2"):
-            concatenate_consecutive(text, 0.5, sizes)
-
-
-def test_sentence_ends_show_a_translator_that_writes_one_sentence_per_input():
+def test_sentence_ends_show_a_translator_that_writes_one_sentence_per_input(texts):
     """The failure seen in every comparison run at k = 4: one sentence written for four joined ones."""
     texts = ("Ein Hund läuft. Eine Frau liest!", "3.5 m hoch.", "", "ja")
     assert [count_sentence_ends(text) for text in texts] == [2, 1, 0, 0]
@@ -395,3 +327,20 @@ def test_mean_over_seeds_averages_each_row_and_keeps_a_table_limit():
     other["joined"] = other["joined"][:1]
     with pytest.raises(ValueError, match=r"joined rows differ \(\[\[1, 8\], \[1\]\]\)"):
         mean_over_seeds([result(30.0, 0.9), other])
+
+
+LENGTH_FAULTS = {
+    "batch-size-0": ("--batch_size 0", ["--batch_size=0 must be at least 1"]),
+    "max-sentences-0": ("--max_sentences 0", ["--max_sentences=0 must be at least 1"]),
+    "max-sentences-negative": ("--max_sentences -2", ["--max_sentences=-2 must be at least 1"]),
+    "k-0": ("--k 0 2", ["--k=[0, 2]: expected one or more whole numbers >= 1"]),
+    "buckets-not-increasing": ("--buckets 5 5", ["--buckets=[5, 5]: expected strictly increasing"]),
+}
+
+
+@pytest.mark.parametrize("flags, words", list(LENGTH_FAULTS.values()), ids=list(LENGTH_FAULTS))
+def test_length_harness_cli_refuses_before_loading(flags, words, model_dir, texts, monkeypatch, run_tool):
+    monkeypatch.setattr(harness, "load_translation_model", lambda *a, **k: pytest.fail("loaded"))
+    argv = [model_dir, "--source", texts / "test.en", "--reference", texts / "test.de", *flags.split()]
+    code, message = run_tool(main, argv)
+    assert_refused(code, message, words)

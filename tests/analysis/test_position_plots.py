@@ -5,11 +5,10 @@ import math
 
 import pytest
 import torch
-from conftest import tiny_model
 
 from hf_posenc.analysis.position_plots import plot_learned_positions, position_panels
 
-LAYERS, HEADS = 2, 4  # conftest.TINY_FIELDS
+LAYERS, HEADS = 2, 4  # tests.helpers.TINY_FIELDS
 
 
 @pytest.mark.parametrize(
@@ -44,7 +43,7 @@ LAYERS, HEADS = 2, 4  # conftest.TINY_FIELDS
         "rposnet",
     ],
 )
-def test_each_module_kind_gets_its_panels(overrides, expected_panels, kind, tmp_path):
+def test_each_module_kind_gets_its_panels(overrides, expected_panels, kind, tmp_path, tiny_model):
     panels = position_panels(tiny_model(**overrides), positions=12)
     assert len(panels) == expected_panels and {panel.kind for panel in panels} == {kind}
     assert plot_learned_positions(tiny_model(**overrides), tmp_path / "p.png", positions=12)
@@ -59,12 +58,12 @@ def test_each_module_kind_gets_its_panels(overrides, expected_panels, kind, tmp_
         dict(encoder_self_attention="fourier", decoder_self_attention="gaussian"),
     ],
 )
-def test_modules_that_learn_nothing_about_positions_draw_nothing(overrides, tmp_path):
+def test_modules_that_learn_nothing_about_positions_draw_nothing(overrides, tmp_path, tiny_model):
     assert not plot_learned_positions(tiny_model(**overrides), tmp_path / "p.png")
     assert not (tmp_path / "p.png").exists()
 
 
-def test_energies_are_drawn_without_changing_the_model_and_decoder_future_is_blank():
+def test_energies_are_drawn_without_changing_the_model_and_decoder_future_is_blank(tiny_model):
     model = tiny_model(encoder_self_attention="aposnet", decoder_self_attention="aposnet")
     before = {name: p.clone() for name, p in model.named_parameters()}
     panels = {panel.title: panel.data for panel in position_panels(model, positions=10)}

@@ -5,11 +5,11 @@ import subprocess
 import sys
 
 import pytest
-from conftest import REPO
 
 from benchmarks.harness import MODEL_SIZES, count_parameters
 from benchmarks.run import parse_args, peak_flops, select_systems
 from hf_posenc.pipeline.training import arguments
+from tests.helpers import REPO
 
 
 def test_benchmark_command_writes_tables_and_plots_for_every_system(tmp_path):

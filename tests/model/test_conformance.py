@@ -12,11 +12,11 @@ import textwrap
 
 import pytest
 import torch
-from conftest import PAD, VOCAB, decode_with_cache, source_batch, target_batch, tiny_model
 
 import hf_posenc.modeling_marian_posenc
 from benchmarks.systems import conformance_variants
 from hf_posenc import POSITION_ENCODINGS, TOKEN_MIXERS
+from tests.helpers import PAD, VOCAB, decode_with_cache
 
 VARIANTS = conformance_variants()
 VARIANT_IDS = [variant_id for variant_id, _ in VARIANTS]
@@ -25,7 +25,7 @@ parametrize_variants = pytest.mark.parametrize("overrides", VARIANT_OVERRIDES, i
 
 
 @parametrize_variants
-def test_forward_shapes(overrides):
+def test_forward_shapes(overrides, source_batch, target_batch, tiny_model):
     model = tiny_model(**overrides)
     src, mask = source_batch()
     tgt = target_batch()
@@ -36,7 +36,9 @@ def test_forward_shapes(overrides):
 
 
 @parametrize_variants
-def test_loss_backward_gives_finite_gradients_to_every_parameter(overrides):
+def test_loss_backward_gives_finite_gradients_to_every_parameter(
+    overrides, source_batch, target_batch, tiny_model
+):
     model = tiny_model(**overrides).train()
     src, mask = source_batch()
     labels = target_batch()[:, 1:].clone()
@@ -55,7 +57,9 @@ def test_loss_backward_gives_finite_gradients_to_every_parameter(overrides):
 
 @pytest.mark.parametrize("use_reentrant", [False, True], ids=["checkpoint", "reentrant-checkpoint"])
 @parametrize_variants
-def test_activation_checkpointing_gives_the_same_loss_and_gradients(overrides, use_reentrant):
+def test_activation_checkpointing_gives_the_same_loss_and_gradients(
+    overrides, use_reentrant, source_batch, target_batch, tiny_model
+):
     """`activation_checkpointing_enable` (layers recomputed in backward, transformers' default non-reentrant
     kind and the reentrant one) changes neither the loss nor any gradient; dropout masks are replayed."""
     src, mask = source_batch()
@@ -83,7 +87,7 @@ def test_activation_checkpointing_gives_the_same_loss_and_gradients(overrides, u
 
 
 @parametrize_variants
-def test_padding_a_row_does_not_change_its_logits(overrides):
+def test_padding_a_row_does_not_change_its_logits(overrides, source_batch, target_batch, tiny_model):
     model = tiny_model(**overrides)
     src, mask = source_batch()
     tgt = target_batch()
@@ -96,7 +100,9 @@ def test_padding_a_row_does_not_change_its_logits(overrides):
 
 
 @parametrize_variants
-def test_incremental_decoding_with_cache_equals_full_forward(overrides):
+def test_incremental_decoding_with_cache_equals_full_forward(
+    overrides, source_batch, target_batch, tiny_model
+):
     model = tiny_model(**overrides)
     src, mask = source_batch()
     tgt = target_batch()
@@ -110,7 +116,7 @@ def test_incremental_decoding_with_cache_equals_full_forward(overrides):
 
 
 @parametrize_variants
-def test_greedy_generation_is_identical_with_and_without_cache(overrides):
+def test_greedy_generation_is_identical_with_and_without_cache(overrides, source_batch, tiny_model):
     model = tiny_model(**overrides)
     src, mask = source_batch()
     kwargs = dict(attention_mask=mask, max_new_tokens=12, do_sample=False, num_beams=1)
@@ -120,7 +126,7 @@ def test_greedy_generation_is_identical_with_and_without_cache(overrides):
 
 
 @parametrize_variants
-def test_beam_search_scores_are_identical_with_and_without_cache(overrides):
+def test_beam_search_scores_are_identical_with_and_without_cache(overrides, source_batch, tiny_model):
     model = tiny_model(**overrides)
     src, mask = source_batch()
     kwargs = dict(
@@ -143,7 +149,9 @@ def test_beam_search_scores_are_identical_with_and_without_cache(overrides):
 
 
 @parametrize_variants
-def test_save_then_auto_load_gives_identical_logits(overrides, tmp_path):
+def test_save_then_auto_load_gives_identical_logits(
+    overrides, tmp_path, source_batch, target_batch, tiny_model
+):
     from transformers import AutoModelForSeq2SeqLM
 
     model = tiny_model(**overrides)
@@ -184,7 +192,7 @@ REMOTE_CODE_CHECK = textwrap.dedent(
 
 
 @pytest.fixture(scope="module")
-def remote_code_results(tmp_path_factory):
+def remote_code_results(tmp_path_factory, source_batch, target_batch, tiny_model):
     """Save every variant, then load them all in ONE fresh process where hf_posenc cannot be imported."""
     root = tmp_path_factory.mktemp("remote")
     expected = {}
@@ -225,7 +233,7 @@ def test_trust_remote_code_round_trip_without_the_package(variant_id, remote_cod
 
 
 @parametrize_variants
-def test_a_training_step_under_bf16_autocast_is_finite(overrides):
+def test_a_training_step_under_bf16_autocast_is_finite(overrides, source_batch, target_batch, tiny_model):
     """bf16 autocast (the CPU training default where bf16 is faster) mixes bf16 and fp32 tensors inside every
     module: forward and backward run, and the loss and every gradient are finite."""
     model = tiny_model(**overrides).train()
@@ -239,7 +247,7 @@ def test_a_training_step_under_bf16_autocast_is_finite(overrides):
 
 
 @parametrize_variants
-def test_bf16_forward_is_finite(overrides):
+def test_bf16_forward_is_finite(overrides, source_batch, target_batch, tiny_model):
     model = tiny_model(**overrides).to(torch.bfloat16)
     src, mask = source_batch()
     with torch.no_grad():
@@ -249,10 +257,13 @@ def test_bf16_forward_is_finite(overrides):
 
 
 @parametrize_variants
-def test_input_longer_than_a_bounded_table_gives_a_clear_error(overrides):
+def test_input_longer_than_a_bounded_table_gives_a_clear_error(overrides, tiny_model):
     model = tiny_model(**overrides)
     too_long = model.config.max_position_embeddings + 5
     src = torch.randint(2, VOCAB, (1, too_long))
+    # one sentence: positions that restart at each sentence end (sentence_end_token_ids) would fit the table
+    ends = torch.tensor(model.config.sentence_end_token_ids, dtype=torch.long)
+    src[torch.isin(src, ends)] = next(i for i in range(2, VOCAB) if i not in ends)
     tgt = torch.full((1, 3), PAD)
     bounded = [
         module
@@ -268,7 +279,7 @@ def test_input_longer_than_a_bounded_table_gives_a_clear_error(overrides):
         assert torch.isfinite(logits).all()
 
 
-def test_variants_use_the_requested_modules():
+def test_variants_use_the_requested_modules(tiny_model):
     model = tiny_model(encoder_position_encoding="learned", decoder_position_encoding="none")
     assert type(model.model.encoder.position_encoding) is POSITION_ENCODINGS["learned"]
     assert type(model.model.decoder.position_encoding) is POSITION_ENCODINGS["none"]
@@ -290,7 +301,9 @@ SHARED_BIAS_VARIANTS = [
 @pytest.mark.parametrize(
     "overrides", [o for _, o in SHARED_BIAS_VARIANTS], ids=[i for i, _ in SHARED_BIAS_VARIANTS]
 )
-def test_a_bias_shared_by_layers_is_computed_once_per_stack_forward(overrides, monkeypatch):
+def test_a_bias_shared_by_layers_is_computed_once_per_stack_forward(
+    overrides, monkeypatch, source_batch, target_batch, tiny_model
+):
     """Encodings whose score bias is the same in every layer (T5, ALiBi, FIRE, KERPLE) compute it once per stack
     forward, not once per layer, and the model's output is the one of the per-layer path (the stack's merged
     mask unset)."""
@@ -316,7 +329,7 @@ def test_a_bias_shared_by_layers_is_computed_once_per_stack_forward(overrides, m
 
 
 @parametrize_variants
-def test_no_generic_init_overwrites_a_module_s_own_initialisation(overrides, monkeypatch):
+def test_no_generic_init_overwrites_a_module_s_own_initialisation(overrides, monkeypatch, tiny_model):
     """Each position encoding and token mixer initialises what it owns in `reset_parameters` (the papers'
     initialisations); building the model must write none of those parameters afterwards. transformers
     initialises children before parents, so a child `nn.Embedding`/`nn.Linear` of a module would be re-drawn

@@ -5,7 +5,6 @@ import math
 
 import pytest
 import torch
-from conftest import source_batch, target_batch, tiny_config, tiny_model
 
 from hf_posenc.base import (
     CROSS_ATTENTION,
@@ -36,7 +35,7 @@ def context(query_positions, key_positions):
     return PositionContext(None, torch.as_tensor(query_positions)[None], torch.as_tensor(key_positions)[None])
 
 
-def test_rposnet_energies_follow_eq_9_and_10_with_the_length_ratio():
+def test_rposnet_energies_follow_eq_9_and_10_with_the_length_ratio(tiny_config):
     """Eq. 9-10 evaluated pair by pair equals the vectorised energies, γ applied in cross-attention."""
     torch.manual_seed(0)
     mixer = RPosNetAttention(tiny_config(**ALL_SITES_RPOSNET), CROSS_ATTENTION, 0)
@@ -50,7 +49,7 @@ def test_rposnet_energies_follow_eq_9_and_10_with_the_length_ratio():
             torch.testing.assert_close(energies[:, n, m], (q * d).sum(-1) / math.sqrt(Dh))
 
 
-def test_aposnet_energies_follow_eq_8_on_sinusoids():
+def test_aposnet_energies_follow_eq_8_on_sinusoids(tiny_config):
     """Eq. 8: (W^Q ñ)(W^K m̃)ᵀ/√D_h with ñ, m̃ the sinusoids of the query and key positions."""
     torch.manual_seed(0)
     mixer = APosNetAttention(tiny_config(**ALL_SITES_APOSNET), ENCODER_SELF_ATTENTION, 0)
@@ -64,7 +63,9 @@ def test_aposnet_energies_follow_eq_8_on_sinusoids():
 
 
 @pytest.mark.parametrize("overrides", [ALL_SITES_RPOSNET, ALL_SITES_APOSNET], ids=["rposnet", "aposnet"])
-def test_precomputed_energies_give_identical_outputs_and_reload_folded(overrides, tmp_path):
+def test_precomputed_energies_give_identical_outputs_and_reload_folded(
+    overrides, tmp_path, source_batch, target_batch, tiny_model
+):
     """Folding keeps forward and generate outputs, drops W^Q/W^K/position tables, and survives save/load."""
     from transformers import AutoModelForSeq2SeqLM
 
@@ -116,7 +117,7 @@ def test_gating_equals_the_beta_weighted_sum_of_eq_5_to_7():
     torch.testing.assert_close(ratios, ratios[:1].expand_as(ratios))
 
 
-def test_attention_gating_adds_eq_4_to_content_attention():
+def test_attention_gating_adds_eq_4_to_content_attention(tiny_model):
     """`attention_gating` gives content self-attention W^G (D² + D) and a LayerNorm (2D), and applies Eq. 4."""
     plain = tiny_model()
     gated = tiny_model(attention_gating=True)
@@ -135,7 +136,7 @@ def test_attention_gating_adds_eq_4_to_content_attention():
     torch.testing.assert_close(out, expected)
 
 
-def test_fourier_mixing_is_the_real_part_of_the_dft_over_each_sequence():
+def test_fourier_mixing_is_the_real_part_of_the_dft_over_each_sequence(tiny_config):
     """Eq. 11: weights are Re(DFT) over the unpadded length M of each row, unitary (1/√M) as the reference's."""
     mixer = FourierNet(tiny_config(encoder_self_attention="fourier"), ENCODER_SELF_ATTENTION, 0)
     positions = torch.tensor([[0, 1, 2, 3, 4, 5], [0, 1, 2, 3, 3, 3]])  # second row padded after 4 tokens
@@ -147,13 +148,13 @@ def test_fourier_mixing_is_the_real_part_of_the_dft_over_each_sequence():
     assert (weights[1, 0, :, 4:] == 0).all()
 
 
-def test_fourier_is_rejected_in_the_decoder_with_a_clear_message():
+def test_fourier_is_rejected_in_the_decoder_with_a_clear_message(tiny_config):
     """FourierNet cannot be causal (paper 2 §5.2): validation names the site and the allowed ones."""
     with pytest.raises(ValueError, match="decoder_self_attention='fourier'.*encoder_self_attention"):
         tiny_config(decoder_self_attention="fourier")
 
 
-def test_gaussian_weights_are_unnormalised_normal_densities_around_per_head_offsets():
+def test_gaussian_weights_are_unnormalised_normal_densities_around_per_head_offsets(tiny_config):
     """Eq. 12: W_nm = exp(-(m - n - o_h)²/2)/√(2π), o_h cycling over heads as in the reference code (-1, 0, 1
     encoder; -1, 0 decoder)."""
     for site, offsets in ((ENCODER_SELF_ATTENTION, (-1, 0, 1)), (DECODER_SELF_ATTENTION, (-1, 0))):
@@ -171,7 +172,7 @@ def test_gaussian_weights_are_unnormalised_normal_densities_around_per_head_offs
 
 
 @pytest.mark.parametrize("site", [ENCODER_SELF_ATTENTION, DECODER_SELF_ATTENTION])
-def test_lightconv_equals_a_depthwise_convolution(site):
+def test_lightconv_equals_a_depthwise_convolution(site, tiny_config):
     """Eq. 14: a softmax-normalised kernel shared per head, centred (encoder) or causal (decoder) zero padding."""
     torch.manual_seed(0)
     mixer = LightConv(tiny_config(lightconv_kernel_radius=2), site, 0).eval()
@@ -184,7 +185,7 @@ def test_lightconv_equals_a_depthwise_convolution(site):
     torch.testing.assert_close(out, mixer.out_proj(convolved.transpose(1, 2)), atol=1e-5, rtol=1e-5)
 
 
-def test_rposnet_layers_of_a_stack_share_one_position_table_that_survives_save_and_load(tmp_path):
+def test_rposnet_layers_of_a_stack_share_one_position_table_that_survives_save_and_load(tmp_path, tiny_model):
     """Paper 2 §4.1: ñ is shared across layers; one table per stack (decoder self + cross share the decoder's),
     stored once in the checkpoint and tied again after loading."""
     from transformers import AutoModelForSeq2SeqLM
@@ -216,7 +217,9 @@ def test_rposnet_layers_of_a_stack_share_one_position_table_that_survives_save_a
         assert torch.equal(stack[0], original[0])
 
 
-def test_shared_position_table_is_dropped_only_when_no_unfolded_layer_reads_it():
+def test_shared_position_table_is_dropped_only_when_no_unfolded_layer_reads_it(
+    source_batch, target_batch, tiny_model
+):
     """Folding layer by layer keeps ñ while another rPosNet layer of the stack still computes its energies."""
     model = tiny_model(**ALL_SITES_RPOSNET)
     src, mask = source_batch()
@@ -234,7 +237,7 @@ def test_shared_position_table_is_dropped_only_when_no_unfolded_layer_reads_it()
     assert hasattr(model.model.decoder.layers[0].self_attn, "position_vectors")  # the decoder's own table
 
 
-def test_each_stack_defaults_to_the_input_embedding_paper_2_pairs_with_its_self_attention_mixer():
+def test_each_stack_defaults_to_the_input_embedding_paper_2_pairs_with_its_self_attention_mixer(tiny_config):
     """Paper 2 §5.2: rPosNet with learned absolute embeddings, every other mixer with sinusoids; per stack."""
     config = tiny_config(encoder_self_attention="rposnet", decoder_self_attention="aposnet")
     assert (config.encoder_position_encoding, config.decoder_position_encoding) == ("learned", "sinusoidal")
@@ -247,7 +250,7 @@ def test_each_stack_defaults_to_the_input_embedding_paper_2_pairs_with_its_self_
     )
 
 
-def test_an_explicit_position_encoding_wins_over_the_recommended_one():
+def test_an_explicit_position_encoding_wins_over_the_recommended_one(tiny_config):
     """The user's choice (per stack or with the shorthand) is never replaced by the mixer's recommendation."""
     config = tiny_config(
         encoder_self_attention="rposnet", decoder_self_attention="rposnet", encoder_position_encoding="none"
@@ -273,7 +276,7 @@ def test_an_explicit_position_encoding_wins_over_the_recommended_one():
     ],
     ids=["recommended", "explicit-sinusoidal", "mixed"],
 )
-def test_resolved_position_encodings_round_trip_through_config_json(overrides, tmp_path):
+def test_resolved_position_encodings_round_trip_through_config_json(overrides, tmp_path, tiny_config):
     """config.json stores the resolved encodings, so a saved config reloads with exactly the same values
     (an explicit "sinusoidal" next to rPosNet must not come back as the recommended "learned")."""
     from hf_posenc import MarianPosEncConfig
@@ -287,7 +290,7 @@ def test_resolved_position_encodings_round_trip_through_config_json(overrides, t
     assert reloaded.to_dict() == config.to_dict()
 
 
-def test_folded_decoder_reads_causal_softmax_rows_that_follow_changes_of_the_energies():
+def test_folded_decoder_reads_causal_softmax_rows_that_follow_changes_of_the_energies(tiny_config):
     """The cached causal weight table equals the softmax over keys 0..n of the folded energies, also after
     the energies change in place by loading or by a training step, and gradient-carrying calls still reach the
     energies."""
@@ -317,7 +320,7 @@ def test_folded_decoder_reads_causal_softmax_rows_that_follow_changes_of_the_ene
         torch.testing.assert_close(mixer.mixing_weights(None, ctx, torch.float32), direct(ctx))
 
 
-def test_model_folded_and_decoded_under_inference_mode_matches_the_unfolded_model():
+def test_model_folded_and_decoded_under_inference_mode_matches_the_unfolded_model(tiny_model):
     """Folding and decoding inside torch.inference_mode (tensors without version counters) works and agrees."""
     torch.manual_seed(0)
     model = tiny_model(**ALL_SITES_RPOSNET)
@@ -329,7 +332,9 @@ def test_model_folded_and_decoded_under_inference_mode_matches_the_unfolded_mode
     torch.testing.assert_close(folded, unfolded)
 
 
-def test_unfolded_aposnet_decoding_projects_position_keys_once_and_follows_changes_of_w_k():
+def test_unfolded_aposnet_decoding_projects_position_keys_once_and_follows_changes_of_w_k(
+    source_batch, tiny_model
+):
     """Without gradients, aPosNet's keys W^K m̃ of all positions are projected once and then read by row, so a
     decoding step does not project its prefix again; changing W^K (training, loading) refreshes them."""
     model = tiny_model(decoder_self_attention="aposnet")

@@ -1,5 +1,5 @@
-"""Foundation properties: Marian parity, conversion, config validation, save/load details, generation
-defaults, attention outputs and the loss the Trainer relies on."""
+"""The model (modeling_marian_posenc.py): Marian parity and conversion, save/load details, generation defaults,
+attention outputs, the loss the Trainer relies on, and positions computed without reading back from the device."""
 
 import json
 import subprocess
@@ -8,19 +8,18 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import PAD, TINY_FIELDS, VOCAB, source_batch, target_batch, tiny_config, tiny_model
 from safetensors import safe_open
-from transformers import AutoConfig, AutoModelForSeq2SeqLM, MarianConfig, MarianMTModel
+from transformers import AutoModelForSeq2SeqLM, MarianConfig, MarianMTModel
 
 import hf_posenc
 from hf_posenc import (
     POSITION_ENCODINGS,
     TOKEN_MIXERS,
-    MarianPosEncConfig,
     MarianPosEncForConditionalGeneration,
 )
 from hf_posenc.base import DECODER_SELF_ATTENTION
 from hf_posenc.posenc_absolute import marian_sinusoid_table
+from tests.helpers import PAD, TINY_FIELDS, VOCAB
 
 
 def stock_marian(seed=0):
@@ -29,7 +28,7 @@ def stock_marian(seed=0):
     return MarianMTModel(config).eval()
 
 
-def test_sinusoidal_attention_model_reproduces_marian_logits_and_beam_search():
+def test_sinusoidal_attention_model_reproduces_marian_logits_and_beam_search(source_batch, target_batch):
     stock = stock_marian()
     ours = MarianPosEncForConditionalGeneration.from_marian(stock).eval()
     src, mask = source_batch()
@@ -42,7 +41,9 @@ def test_sinusoidal_attention_model_reproduces_marian_logits_and_beam_search():
     assert ours.generate(src, **kwargs).tolist() == stock.generate(src, **kwargs).tolist()
 
 
-def test_the_stock_config_of_ours_builds_the_same_model_as_ours_with_sinusoids():
+def test_the_stock_config_of_ours_builds_the_same_model_as_ours_with_sinusoids(
+    source_batch, target_batch, tiny_config
+):
     """`to_marian_config` is the stock baseline of train.py and the benchmarks: the same Marian fields, so a
     MarianMTModel built from it and converted gives our logits."""
     ours_config = tiny_config(attn_implementation="eager")
@@ -84,56 +85,7 @@ def test_from_marian_folder_swaps_the_position_encoding_and_keeps_the_rest(tmp_p
             assert torch.isfinite(tensor).all() and tensor.std() > 0
 
 
-def test_unknown_module_names_are_rejected_with_the_allowed_values():
-    with pytest.raises(
-        ValueError, match=r"encoder_position_encoding='sinusodal'.*allowed values: .*sinusoidal"
-    ):
-        MarianPosEncConfig(encoder_position_encoding="sinusodal")
-    with pytest.raises(ValueError, match=r"position_encoding='rotary'.*learned"):
-        MarianPosEncConfig(position_encoding="rotary")
-    with pytest.raises(ValueError, match=r"cross_attention='conv'.*attention"):
-        MarianPosEncConfig(cross_attention="conv")
-
-
-def test_impossible_shapes_fail_at_config_time():
-    with pytest.raises(ValueError, match=r"d_model=30 must be divisible by encoder_attention_heads=4"):
-        MarianPosEncConfig(d_model=30, encoder_attention_heads=4)
-    with pytest.raises(ValueError, match=r"max_position_embeddings=0"):
-        MarianPosEncConfig(max_position_embeddings=0)
-
-
-def test_renamed_fields_still_load_under_their_old_names_with_a_warning(tmp_path, caplog):
-    """T5 bias's buckets were `relative_attention_*` (the relative-attention mixer's prefix) and aPosNet/rPosNet's
-    gating was `posnet_gating` (PosNet's prefix): saved configs and old code keep working, and save anew."""
-    old = tiny_config(encoder_position_encoding="t5_bias", encoder_self_attention="aposnet").to_dict()
-    for new_name, old_name, value in (
-        ("t5_bias_num_buckets", "relative_attention_num_buckets", 16),
-        ("position_attention_gating", "posnet_gating", False),
-    ):
-        old.pop(new_name)
-        old[old_name] = value
-    (tmp_path / "config.json").write_text(json.dumps(old))
-    with caplog.at_level("WARNING"):
-        config = AutoConfig.from_pretrained(tmp_path)
-    assert config.t5_bias_num_buckets == 16 and config.position_attention_gating is False
-    assert "'posnet_gating' is deprecated: it is now 'position_attention_gating'" in caplog.text
-    assert not hasattr(config, "posnet_gating") and "posnet_gating" not in config.to_dict()
-    assert tiny_config(relative_attention_max_distance=12).t5_bias_max_distance == 12
-    with pytest.raises(ValueError, match="'posnet_gating' is the old name of 'position_attention_gating'"):
-        MarianPosEncConfig.from_dict({**old, "position_attention_gating": True})
-
-
-def test_config_round_trips_through_json_and_auto_config(tmp_path):
-    config = tiny_config(encoder_position_encoding="learned", decoder_position_encoding="none")
-    config.save_pretrained(tmp_path)
-    stored = json.loads((tmp_path / "config.json").read_text())
-    assert stored["model_type"] == "marian_posenc" and "position_encoding" not in stored
-    loaded = AutoConfig.from_pretrained(tmp_path)
-    assert isinstance(loaded, MarianPosEncConfig)
-    assert (loaded.encoder_position_encoding, loaded.decoder_position_encoding) == ("learned", "none")
-
-
-def test_a_saved_folder_loads_as_automodel_with_remote_code_alone(tmp_path):
+def test_a_saved_folder_loads_as_automodel_with_remote_code_alone(tmp_path, tiny_model):
     """auto_map names the base model too: `AutoModel` with `trust_remote_code` works without hf_posenc."""
     tiny_model().save_pretrained(tmp_path)
     assert json.loads((tmp_path / "config.json").read_text())["auto_map"]["AutoModel"] == (
@@ -149,7 +101,7 @@ def test_a_saved_folder_loads_as_automodel_with_remote_code_alone(tmp_path):
     assert completed.stdout.strip().splitlines()[-1] == "MarianPosEncModel"
 
 
-def test_learned_tables_are_saved_unlike_stock_marian(tmp_path):
+def test_learned_tables_are_saved_unlike_stock_marian(tmp_path, tiny_model):
     model = tiny_model(position_encoding="learned")
     model.save_pretrained(tmp_path)
     with safe_open(tmp_path / "model.safetensors", "pt") as weights:
@@ -161,7 +113,7 @@ def test_learned_tables_are_saved_unlike_stock_marian(tmp_path):
     assert "model.decoder.position_encoding.weight" in keys
 
 
-def test_sinusoid_table_is_rebuilt_when_loading(tmp_path):
+def test_sinusoid_table_is_rebuilt_when_loading(tmp_path, tiny_model):
     tiny_model().save_pretrained(tmp_path)
     loaded = AutoModelForSeq2SeqLM.from_pretrained(tmp_path)
     expected = marian_sinusoid_table(64, 32)
@@ -169,7 +121,9 @@ def test_sinusoid_table_is_rebuilt_when_loading(tmp_path):
     torch.testing.assert_close(loaded.model.decoder.position_encoding.table, expected, rtol=0, atol=0)
 
 
-def test_generation_config_has_paper_defaults_and_sizes_length_from_source(tmp_path):
+def test_generation_config_has_paper_defaults_and_sizes_length_from_source(
+    tmp_path, source_batch, tiny_model
+):
     model = tiny_model()
     model.save_pretrained(tmp_path)
     stored = json.loads((tmp_path / "generation_config.json").read_text())
@@ -184,7 +138,7 @@ def test_generation_config_has_paper_defaults_and_sizes_length_from_source(tmp_p
     assert (generated[:, 1:] != PAD).all()  # pad is banned
 
 
-def test_output_attentions_returns_every_layer_and_site():
+def test_output_attentions_returns_every_layer_and_site(source_batch, target_batch, tiny_model):
     model = tiny_model()
     src, mask = source_batch()
     tgt = target_batch()
@@ -196,7 +150,7 @@ def test_output_attentions_returns_every_layer_and_site():
     assert out.decoder_attentions[0][..., 0, 1:].abs().max() == 0  # causal
 
 
-def test_loss_is_the_token_sum_divided_by_num_items_in_batch():
+def test_loss_is_the_token_sum_divided_by_num_items_in_batch(source_batch, target_batch, tiny_model):
     model = tiny_model()
     src, mask = source_batch()
     labels = target_batch()[:, 1:].clone()
@@ -209,7 +163,7 @@ def test_loss_is_the_token_sum_divided_by_num_items_in_batch():
     torch.testing.assert_close(scaled, mean_loss / 4)
 
 
-def test_encoder_positions_ignore_left_padding():
+def test_encoder_positions_ignore_left_padding(tiny_model):
     """A token's position counts from its own sequence's start, whichever side the batch is padded on."""
     model = tiny_model(position_encoding="learned")
     src = torch.randint(2, VOCAB, (1, 6))
@@ -250,11 +204,13 @@ def record_host_reads_from(package_dir: Path, monkeypatch) -> list[str]:
 
 @pytest.mark.parametrize("overrides", NO_POSITION_READS, ids=lambda overrides: "-".join(overrides.values()))
 @pytest.mark.parametrize("precomputed", [False, True], ids=["computed", "folded"])
-def test_decoding_steps_read_no_positions_back_from_the_device(overrides, precomputed, monkeypatch):
+def test_decoding_steps_read_no_positions_back_from_the_device(
+    overrides, precomputed, monkeypatch, source_batch, tiny_model
+):
     """Positions reach the modules with host-side spans (the decoder knows them from the cache length), so a
     decoding step of any module never reads tensor values back into Python; on a GPU each read would be a
     device sync per step. The encoder runs before the check (it reads its padded positions' span once). The
-    token-id checks read ids only on the CPU, where a read costs nothing (tests/test_model_faults.py checks
+    token-id checks read ids only on the CPU, where a read costs nothing (tests/model/test_model_checks.py checks
     that they read nothing on other devices), and are left out here."""
     model = tiny_model(**overrides)
     if precomputed:

@@ -1,15 +1,14 @@
-"""The encodings built for inputs longer than the training ones: FIRE and KERPLE against their equations computed
-pair by pair, their constraints and long inputs, and the SHAPE training option (random position shifts)."""
+"""FIRE (posenc_fire.py): the bias against the equation computed pair by pair, the piecewise-linear evaluation of
+the MLP, the normalised distances, the constraints and defaults; FIRE and KERPLE on a 1000-token input."""
 
 import math
 
 import pytest
 import torch
-from conftest import PAD, VOCAB, decode_with_cache, source_batch, target_batch, tiny_config, tiny_model
 
-from hf_posenc import POSITION_ENCODINGS, MarianPosEncForConditionalGeneration, PositionContext
+from hf_posenc import PositionContext
 from hf_posenc.base import all_positions_context
-from hf_posenc.posenc_kerple import MAX_POWER, PARAMETER_FLOOR
+from tests.helpers import VOCAB
 
 
 def encoder_context(encoding, lengths: list[int], total: int) -> PositionContext:
@@ -96,7 +95,7 @@ def randomised_fire(model, stack: str):
         ("decoder", "shifted"),
     ],
 )
-def test_fire_bias_equals_the_equation_pair_by_pair(stack, layout):
+def test_fire_bias_equals_the_equation_pair_by_pair(stack, layout, tiny_model):
     """FIRE's grid-and-gather bias equals f_θ(ψ(|i - j|) / ψ(max(L, s))) for every visible pair: the decoder's
     causal form (full forward, a cached step, rows shifted by SHAPE) and our bidirectional encoder extension
     (mirrored normaliser n - 1 - i and a second MLP for keys after the query), with queries on both sides of
@@ -117,7 +116,7 @@ def test_fire_bias_equals_the_equation_pair_by_pair(stack, layout):
     torch.testing.assert_close(actual[visible], expected[visible], atol=1e-5, rtol=1e-5)
 
 
-def test_fire_piecewise_linear_evaluation_equals_the_relu_mlp():
+def test_fire_piecewise_linear_evaluation_equals_the_relu_mlp(tiny_model):
     """f_θ is evaluated piece by piece between the kinks of its hidden units; values equal the plain ReLU MLP on
     any inputs, kinks included, with units of zero slope (never switching) and units sharing a kink, and so do
     the gradients away from the kinks (at a kink either one-sided derivative is a valid subgradient)."""
@@ -149,7 +148,7 @@ def test_fire_piecewise_linear_evaluation_equals_the_relu_mlp():
 
 
 @pytest.mark.parametrize("threshold", [512.0, 4.0])
-def test_fire_normalised_distances_stay_in_the_unit_interval_for_1000_positions(threshold):
+def test_fire_normalised_distances_stay_in_the_unit_interval_for_1000_positions(threshold, tiny_model):
     """Progressive interpolation: with f_θ the identity, the bias is the MLP's input, which lies in [0, 1] for
     every pair of a 1000-token encoder and decoder, with the threshold above and below the length; the
     encoder's keys after the query (our mirrored normaliser) reach 1 too instead of growing past it."""
@@ -172,13 +171,13 @@ def test_fire_normalised_distances_stay_in_the_unit_interval_for_1000_positions(
             torch.testing.assert_close(bias[:, 0, -1], torch.ones(bias.shape[0]), atol=1e-5, rtol=0)
 
 
-def test_fire_config_rejects_a_non_positive_c_or_threshold():
+def test_fire_config_rejects_a_non_positive_c_or_threshold(tiny_config):
     for field in ("fire_init_c", "fire_init_threshold"):
         with pytest.raises(ValueError, match=rf"{field}=0.0 must be positive"):
             tiny_config(position_encoding="fire", **{field: 0.0})
 
 
-def test_fire_defaults_are_the_papers():
+def test_fire_defaults_are_the_papers(tiny_model):
     """f_θ: 1 -> 32 -> H with a ReLU; c = 0.1; L = 512 (a multiplier of 1 on it); in the encoder one MLP per
     direction."""
     model = tiny_model(position_encoding="fire")
@@ -189,79 +188,11 @@ def test_fire_defaults_are_the_papers():
     assert decoder.threshold().item() == 512.0
 
 
-# -------------------------------------------------------------------------------------------------- KERPLE
-
-
-def kerple_reference(encoding, context: PositionContext) -> torch.Tensor:
-    """-r1_h log(1 + r2_h |i - j|) or -r1_h |i - j|^r2_h, pair by pair in float64: (B, H, q, k)."""
-    r1, r2 = encoding.r1.detach().double(), encoding.r2.detach().double()
-    batch, queries = context.query_positions.shape
-    keys = context.key_positions.shape[1]
-    bias = torch.zeros(batch, r1.shape[0], queries, keys, dtype=torch.float64)
-    for b in range(batch):
-        for q, i in enumerate(context.query_positions[b].tolist()):
-            for k, j in enumerate(context.key_positions[b].tolist()):
-                distance = abs(i - j)
-                if encoding.kernel == "log":
-                    bias[b, :, q, k] = -r1 * torch.log(1 + r2 * distance)
-                else:
-                    bias[b, :, q, k] = -r1 * distance**r2
-    return bias
-
-
-@pytest.mark.parametrize("kernel", ["log", "power"])
-@pytest.mark.parametrize("stack", ["encoder", "decoder"])
-def test_kerple_bias_equals_the_kernel_pair_by_pair(kernel, stack):
-    """KERPLE-log and KERPLE-power: the bias from the distinct distances, gathered, equals the kernel of |i - j|
-    for every pair, symmetric in the encoder (right padding) and after cached steps in the decoder."""
-    model = tiny_model(position_encoding="kerple", kerple_kernel=kernel)
-    encoding = getattr(model.model, stack).position_encoding
-    with torch.no_grad():
-        encoding.r1.copy_(torch.tensor([0.3, 1.7, 0.05, 4.0]))
-        encoding.r2.copy_(torch.tensor([0.2, 1.9, 0.6, 1.0]))
-    context = encoder_context(encoding, [8, 5], 8) if stack == "encoder" else decoder_context(encoding, 4, 4)
-    with torch.no_grad():
-        actual = encoding.score_bias(0, context)
-    torch.testing.assert_close(actual, kerple_reference(encoding, context).float())
-
-
-@pytest.mark.parametrize("kernel", ["log", "power"])
-def test_kerple_parameters_start_in_range_and_are_projected_back_before_use(kernel):
-    """r1, r2 start in the authors' ranges (log: r1 in (0, 2], r2 in (0, 1]; power: r1 in (0, 1], r2 in (0, 2]),
-    floored at 0.01; values an optimizer step pushed out (negative, or a power above 2) are clamped back before
-    the bias uses them, and the gradient reaches the clamped parameters."""
-    model = tiny_model(position_encoding="kerple", kerple_kernel=kernel, seed=3)
-    encoding = model.model.encoder.position_encoding
-    r1_range, r2_range = (2.0, 1.0) if kernel == "log" else (1.0, 2.0)
-    assert encoding.r1.min() >= PARAMETER_FLOOR and encoding.r1.max() <= r1_range
-    assert encoding.r2.min() >= PARAMETER_FLOOR and encoding.r2.max() <= r2_range
-
-    with torch.no_grad():  # as if an optimizer step had left the allowed range
-        encoding.r1.copy_(torch.tensor([-1.0, 0.5, 3.0, 0.001]))
-        encoding.r2.copy_(torch.tensor([-0.5, 2.5, 0.3, 1.0]))
-    context = all_positions_context(encoding, 6)
-    bias = encoding.score_bias(0, context)
-    projected_r2 = [PARAMETER_FLOOR, 2.5 if kernel == "log" else MAX_POWER, 0.3, 1.0]
-    torch.testing.assert_close(
-        encoding.r1.detach(), torch.tensor([PARAMETER_FLOOR, 0.5, 3.0, PARAMETER_FLOOR])
-    )
-    torch.testing.assert_close(encoding.r2.detach(), torch.tensor(projected_r2))
-    torch.testing.assert_close(bias.detach(), kerple_reference(encoding, context).float())
-    bias.sum().backward()
-    assert torch.isfinite(encoding.r1.grad).all() and (encoding.r1.grad != 0).all()
-    assert torch.isfinite(encoding.r2.grad).all() and (encoding.r2.grad != 0).all()
-
-
-def test_kerple_rejects_an_unknown_kernel():
-    with pytest.raises(ValueError, match="kerple_kernel='cauchy' is not known; allowed values: log, power"):
-        tiny_config(position_encoding="kerple", kerple_kernel="cauchy")
-
-
 # ------------------------------------------------------------------------------------------ both encodings
 
 
 @pytest.mark.parametrize("name", ["fire", "kerple"])
-def test_a_1000_token_input_gives_finite_logits(name):
+def test_a_1000_token_input_gives_finite_logits(name, tiny_model):
     """Both encodings have no length limit: a source of 1000 tokens (beyond FIRE's default threshold of 512)
     and a decoder prefix of 600 give finite logits."""
     model = tiny_model(position_encoding=name)
@@ -271,128 +202,3 @@ def test_a_1000_token_input_gives_finite_logits(name):
     with torch.no_grad():
         logits = model(input_ids=src, decoder_input_ids=tgt).logits
     assert torch.isfinite(logits).all()
-
-
-# --------------------------------------------------------------------------------------------------- SHAPE
-
-
-def record_positions(model, monkeypatch) -> dict[str, list[PositionContext]]:
-    """The contexts each stack's position encoding receives in `embed`."""
-    seen = {"encoder": [], "decoder": []}
-    for stack in seen:
-        encoding = getattr(model.model, stack).position_encoding
-        monkeypatch.setattr(
-            encoding,
-            "embed",
-            lambda inputs, context, *args, f=encoding.embed, stack=stack: (
-                seen[stack].append(context) or f(inputs, context, *args)
-            ),
-        )
-    return seen
-
-
-@pytest.mark.parametrize("name", ["sinusoidal", "learned", "posnet_embed"])
-def test_shape_leaves_inference_unchanged(name):
-    """SHAPE is a training-time shift: in eval mode a model built with shape_max_shift gives the logits of the
-    same model without it."""
-    src, mask = source_batch()
-    logits = []
-    for shift in (0, 8):
-        model = tiny_model(position_encoding=name, shape_max_shift=shift)
-        with torch.no_grad():
-            logits.append(model(input_ids=src, attention_mask=mask, decoder_input_ids=target_batch()).logits)
-    torch.testing.assert_close(logits[1], logits[0], atol=0, rtol=0)
-
-
-def test_shape_shifts_each_training_sequence_by_one_offset_independently_per_stack(monkeypatch):
-    """In training, every sequence's positions are its unshifted ones plus one offset k in [0, K] (both ends
-    drawn), offsets differ between sequences, and encoder and decoder draw theirs independently (the paper's
-    code shifts each stack's positions on its own). The spans handed along bound the shifted positions."""
-    max_shift, batch, length = 3, 64, 6
-    model = tiny_model(position_encoding="sinusoidal", shape_max_shift=max_shift).train()
-    seen = record_positions(model, monkeypatch)
-    src = torch.randint(2, VOCAB, (batch, length))
-    mask = torch.ones_like(src)
-    mask[1::2, 4:] = 0  # half the rows padded: their real tokens are shifted alike
-    src[mask == 0] = PAD
-    model(input_ids=src, attention_mask=mask, labels=torch.randint(2, VOCAB, (batch, 5)))
-
-    offsets = {}
-    for stack, unshifted in (
-        ("encoder", (mask.cumsum(-1) - 1).clamp(min=0)),
-        ("decoder", torch.arange(5).expand(batch, -1)),
-    ):
-        (context,) = seen[stack]
-        positions = context.query_positions
-        shift = positions[:, :1] - unshifted[:, :1]  # (B, 1)
-        torch.testing.assert_close(positions, unshifted + shift, atol=0, rtol=0)
-        assert set(shift.flatten().tolist()) == set(range(max_shift + 1))
-        assert context.query_span[0] <= int(positions.min()) and int(positions.max()) <= context.query_span[1]
-        assert context.key_span[0] <= int(context.key_positions.min())
-        assert int(context.key_positions.max()) <= context.key_span[1]
-        offsets[stack] = shift
-    assert not torch.equal(offsets["encoder"], offsets["decoder"])
-
-
-def test_shape_needs_a_learned_table_of_length_plus_max_shift():
-    """With SHAPE, training positions reach length - 1 + K: a learned table shorter than that fails on every
-    training batch with the error naming both sizes (not only when a large offset happens to be drawn), while
-    the same input is fine at inference."""
-    model = tiny_model(position_encoding="learned", shape_max_shift=8)  # max_position_embeddings = 64
-    src = torch.randint(2, VOCAB, (2, 60))
-    labels = torch.randint(2, VOCAB, (2, 5))
-    with torch.no_grad():
-        model(input_ids=src, labels=labels)
-    model.train()
-    with pytest.raises(ValueError, match=r"Sequence of 68 positions is longer than the 64 positions"):
-        model(input_ids=src, labels=labels)
-    with pytest.raises(ValueError, match=r"Sequence of 68 positions is longer than the 64 positions"):
-        model(input_ids=src[:, :5], labels=torch.randint(2, VOCAB, (2, 60)))  # the decoder's table too
-
-
-@pytest.mark.parametrize("name", ["t5_bias", "alibi", "kerple", "shaw", "rope"])
-def test_shape_changes_nothing_for_shift_invariant_encodings(name):
-    """Encodings that see only i - j are invariant to SHAPE's shifts: without dropout, a training forward with
-    shape_max_shift gives the loss of one without it."""
-    src, mask = source_batch()
-    labels = target_batch()[:, 1:].clone()
-    losses = []
-    for shift in (0, 8):
-        model = tiny_model(position_encoding=name, shape_max_shift=shift, dropout=0.0).train()
-        losses.append(model(input_ids=src, attention_mask=mask, labels=labels).loss)
-    torch.testing.assert_close(losses[1], losses[0], atol=1e-6, rtol=1e-5)
-
-
-@pytest.mark.parametrize("name", list(POSITION_ENCODINGS))
-def test_shape_training_step_is_finite_for_every_position_encoding(name):
-    """SHAPE breaks no registered encoding: a training step with shifted positions gives a finite loss and
-    finite gradients."""
-    model = tiny_model(position_encoding=name, shape_max_shift=8).train()
-    src, mask = source_batch()
-    loss = model(input_ids=src, attention_mask=mask, labels=target_batch()[:, 1:].clone()).loss
-    loss.backward()
-    assert torch.isfinite(loss)
-    for parameter_name, parameter in model.named_parameters():
-        assert parameter.grad is None or torch.isfinite(parameter.grad).all(), parameter_name
-
-
-def test_shape_offsets_stay_fixed_across_the_steps_of_a_cached_decode():
-    """A cached decode in training mode keeps each sequence's first decoder offsets for all its steps, so it
-    equals the full training forward drawn from the same random state."""
-    model = tiny_model(position_encoding="learned", shape_max_shift=8, dropout=0.0).train()
-    src, mask = source_batch()
-    tgt = target_batch()
-    with torch.no_grad():
-        torch.manual_seed(5)
-        encoder_outputs = model.get_encoder()(input_ids=src, attention_mask=mask)
-        full = model(encoder_outputs=encoder_outputs, attention_mask=mask, decoder_input_ids=tgt).logits
-        torch.manual_seed(5)
-        encoder_outputs = model.get_encoder()(input_ids=src, attention_mask=mask)
-        incremental = decode_with_cache(model, encoder_outputs, mask, tgt)
-    torch.testing.assert_close(incremental, full, atol=1e-5, rtol=1e-4)
-
-
-def test_shape_max_shift_must_not_be_negative():
-    with pytest.raises(ValueError, match=r"shape_max_shift=-1 must be >= 0"):
-        tiny_config(shape_max_shift=-1)
-    assert MarianPosEncForConditionalGeneration(tiny_config(shape_max_shift=0)).config.shape_max_shift == 0

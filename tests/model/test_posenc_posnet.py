@@ -3,7 +3,6 @@ concatenation identity (Eq. 10–11 = Eq. 14–17), the two fixed reference trap
 
 import pytest
 import torch
-from conftest import PAD, source_batch, target_batch, tiny_config, tiny_model
 
 from hf_posenc import MarianPosEncForConditionalGeneration
 from hf_posenc.base import PositionContext, positions_from_padding_mask
@@ -14,6 +13,7 @@ from hf_posenc.posenc_posnet import (
     kernel_product_of_values,
     position_kernel_product,
 )
+from tests.helpers import PAD
 
 
 def test_weight_concatenation_equals_positional_kernels():
@@ -70,7 +70,9 @@ def direct_posnet_embed(network, inputs, positions):
 
 
 @pytest.mark.parametrize("padding", ["right", "left"])
-def test_posnet_embed_matches_equation_24_with_positions_from_each_sequence_start(padding):
+def test_posnet_embed_matches_equation_24_with_positions_from_each_sequence_start(
+    padding, source_batch, tiny_model
+):
     """PosNet-Embed equals a direct implementation of Eq. 24 with kernels indexed by the position counted from
     the start of each sequence, for right- and left-padded batches (the batched fast path plus its fix-up)."""
     network = tiny_model(position_encoding="posnet_embed").model.encoder.position_encoding.network
@@ -137,7 +139,7 @@ def test_kernel_range_product_under_bf16_autocast_matches_the_plain_product():
 
 
 @pytest.mark.parametrize("per_head", [False, True])
-def test_posnet_attn_value_transform_matches_equation_23(per_head):
+def test_posnet_attn_value_transform_matches_equation_23(per_head, tiny_model):
     """transform_values computes σ(v_j φ_j) + v_j per head with the layer's kernel at each value position."""
     model = tiny_model(position_encoding="posnet_attn", posnet_attn_per_head=per_head)
     encoding = model.model.decoder.position_encoding
@@ -217,7 +219,7 @@ def test_lean_relu_transform_dropout_is_inverted_dropout_of_the_relu():
 
 
 @pytest.mark.parametrize(("activation", "lean"), [("relu", True), ("gelu", False)])
-def test_posnet_attn_saves_only_the_values_and_a_byte_mask_with_relu(activation, lean):
+def test_posnet_attn_saves_only_the_values_and_a_byte_mask_with_relu(activation, lean, tiny_model):
     """Activation memory (paper 1 Table 3): with ReLU, transform_values keeps for backward only the values
     (the value projection's output), a bool mask and the kernel table; other activations use plain autograd,
     which also keeps float intermediates."""
@@ -241,7 +243,7 @@ def test_posnet_attn_saves_only_the_values_and_a_byte_mask_with_relu(activation,
         assert len(floats) > 1
 
 
-def test_posnet_attn_default_is_one_table_for_the_whole_model(tmp_path):
+def test_posnet_attn_default_is_one_table_for_the_whole_model(tmp_path, tiny_model):
     """By default (posnet_attn_share_layers, posnet_shared: paper 1 Table 1's model) every self-attention layer of
     both stacks reads one kernel table (saved once, tied again after loading); per-layer tables add 3 more."""
     model = tiny_model(position_encoding="posnet_attn")
@@ -260,7 +262,7 @@ def test_posnet_attn_default_is_one_table_for_the_whole_model(tmp_path):
     torch.testing.assert_close(loaded_table, table, atol=0, rtol=0)
 
 
-def test_posnet_attn_shared_layers_with_separate_stacks_gives_one_table_per_stack():
+def test_posnet_attn_shared_layers_with_separate_stacks_gives_one_table_per_stack(tiny_model):
     """posnet_attn_share_layers without posnet_shared: the layers of a stack share its table, the stacks don't."""
     model = tiny_model(position_encoding="posnet_attn", posnet_shared=False)
     encoder, decoder = model.model.encoder.position_encoding, model.model.decoder.position_encoding
@@ -269,7 +271,7 @@ def test_posnet_attn_shared_layers_with_separate_stacks_gives_one_table_per_stac
     assert decoder.layer_kernels(0) is not encoder.layer_kernels(0)
 
 
-def test_posnet_attn_caches_transformed_values():
+def test_posnet_attn_caches_transformed_values(source_batch, target_batch, tiny_model):
     """In incremental decoding the self-attention cache holds σ(v_j φ_j) + v_j, so a step transforms one value."""
     model = tiny_model(position_encoding="posnet_attn")
     decoder = model.model.decoder
@@ -286,7 +288,7 @@ def test_posnet_attn_caches_transformed_values():
     assert not torch.allclose(cached, raw)
 
 
-def test_decoder_gets_positional_kernels():
+def test_decoder_gets_positional_kernels(source_batch, target_batch, tiny_model):
     """Reference trap (a) fixed: the decoder uses PosNet too. Changing the kernel of target position 2 changes the
     decoder's logits from position 2 on (encoder output held fixed) and leaves earlier positions alone."""
     model = tiny_model(position_encoding="posnet_embed")
@@ -301,7 +303,7 @@ def test_decoder_gets_positional_kernels():
     assert (after[:, 2:] - before[:, 2:]).abs().amax() > 1e-3
 
 
-def test_left_padding_does_not_change_a_sources_encoding():
+def test_left_padding_does_not_change_a_sources_encoding(source_batch, tiny_model):
     """Reference trap (b) fixed: kernels follow the position from the start of each sequence, so a left-padded
     source (the reference's layout) is encoded exactly like the same source alone."""
     model = tiny_model(position_encoding="posnet_embed")
@@ -316,7 +318,7 @@ def test_left_padding_does_not_change_a_sources_encoding():
 
 
 @pytest.mark.parametrize("shared", [True, False])
-def test_encoder_and_decoder_share_one_posnet_by_default_and_after_loading(shared, tmp_path):
+def test_encoder_and_decoder_share_one_posnet_by_default_and_after_loading(shared, tmp_path, tiny_model):
     """posnet_shared=True: one network (saved once) serves both stacks, also after save/load; False: two."""
     model = tiny_model(position_encoding="posnet_embed", posnet_shared=shared)
     encoder_network = model.model.encoder.position_encoding.network
@@ -330,7 +332,7 @@ def test_encoder_and_decoder_share_one_posnet_by_default_and_after_loading(share
     torch.testing.assert_close(loaded_network.kernels, encoder_network.kernels, atol=0, rtol=0)
 
 
-def test_shared_posnet_counts_its_parameters_once():
+def test_shared_posnet_counts_its_parameters_once(tiny_model):
     """Sharing halves PosNet's parameters: the shared model has exactly one network fewer."""
     count = {
         shared: sum(
@@ -358,7 +360,7 @@ def test_shared_posnet_counts_its_parameters_once():
         ),
     ],
 )
-def test_bad_posnet_hyperparameters_fail_at_config_time(overrides, message):
+def test_bad_posnet_hyperparameters_fail_at_config_time(overrides, message, tiny_config):
     """Impossible PosNet settings raise a ValueError naming the value when the config is built."""
     with pytest.raises(ValueError, match=message):
         tiny_config(**{"position_encoding": "posnet_embed", **overrides})

@@ -6,15 +6,12 @@ import math
 
 import pytest
 import torch
-from conftest import source_batch, target_batch, tiny_config, tiny_model
 from safetensors.torch import load_file, save_file
 from transformers.cache_utils import DynamicCache
 
-from benchmarks.harness import MODEL_SIZES
 from hf_posenc import MarianPosEncConfig, MarianPosEncForConditionalGeneration, PosEncCache
 from hf_posenc.base import PositionContext
 from hf_posenc.posenc_recurrent import CELLS, RECURRENCES, MPRHeadPositionEncoding, RPEHeadPositionEncoding
-from study.tables import comparison_tables
 
 LAYOUTS = {"rpe_head": RPEHeadPositionEncoding, "mpr_head": MPRHeadPositionEncoding}
 
@@ -132,7 +129,9 @@ parametrize_cells = pytest.mark.parametrize(
 
 @parametrize_cells
 @pytest.mark.parametrize("layout", LAYOUTS)
-def test_encoder_input_matches_the_equations_with_right_and_left_padding(layout, cell, recurrence):
+def test_encoder_input_matches_the_equations_with_right_and_left_padding(
+    layout, cell, recurrence, source_batch, tiny_model
+):
     """Eq. 6-11 with each encoder direction stepped by hand, and padding on either side never reaches a real
     token's state."""
     model = tiny_model(position_encoding=layout, rpe_cell=cell, rpe_recurrence=recurrence)
@@ -153,7 +152,7 @@ def test_encoder_input_matches_the_equations_with_right_and_left_padding(layout,
 
 @parametrize_cells
 @pytest.mark.parametrize("layout", LAYOUTS)
-def test_decoder_input_matches_the_equations_in_full_and_step_by_step(layout, cell, recurrence):
+def test_decoder_input_matches_the_equations_in_full_and_step_by_step(layout, cell, recurrence, tiny_model):
     """Forward recurrence in the decoder (Eq. 6) stepped by hand; one token at a time through PosEncCache (the
     cache holding r_{j-1}, the LSTM's memory cell beside it) gives the same states."""
     model = tiny_model(position_encoding=layout, rpe_cell=cell, rpe_recurrence=recurrence)
@@ -179,7 +178,7 @@ def test_decoder_input_matches_the_equations_in_full_and_step_by_step(layout, ce
 
 
 @pytest.mark.parametrize("recurrence", RECURRENCES)
-def test_each_encoder_direction_recurs_on_its_own_state_only_under_eq_6(recurrence):
+def test_each_encoder_direction_recurs_on_its_own_state_only_under_eq_6(recurrence, tiny_model):
     """Under "projected" W_r is per direction, so the forward half of r_j depends on x_{<=j} only and the backward
     half on x_{>=j} only; "hidden" mixes the two directions' states in W_r, so every r_j sees the whole sentence."""
     encoding = tiny_model(
@@ -200,7 +199,7 @@ def test_each_encoder_direction_recurs_on_its_own_state_only_under_eq_6(recurren
     assert delta[3:, :half].max() > 0 and delta[:4, half:].max() > 0
 
 
-def test_hidden_recurrence_is_the_computation_of_models_trained_before():
+def test_hidden_recurrence_is_the_computation_of_models_trained_before(tiny_model):
     """rpe_recurrence="hidden" keeps the parameter names and shapes of checkpoints saved before the option
     existed, and computes what they did, bit for bit: PyTorch's fused RNN over x^r, then tanh(W_r h + b_r)."""
     for cell in ("rnn", "gru", "lstm"):
@@ -224,7 +223,9 @@ def test_hidden_recurrence_is_the_computation_of_models_trained_before():
             assert torch.equal(rpes, before)
 
 
-def test_projected_recurrence_is_a_different_function_of_the_same_cell_weights():
+def test_projected_recurrence_is_a_different_function_of_the_same_cell_weights(
+    source_batch, target_batch, tiny_model
+):
     """The two forms share the decoder's parameters but not their meaning (why old checkpoints need "hidden")."""
     hidden = tiny_model(
         decoder_position_encoding="rpe_head", encoder_position_encoding="sinusoidal", rpe_recurrence="hidden"
@@ -240,7 +241,9 @@ def test_projected_recurrence_is_a_different_function_of_the_same_cell_weights()
     assert not torch.allclose(*logits, atol=1e-3)
 
 
-def test_a_checkpoint_saved_before_the_option_loads_with_its_meaning_only_when_told(tmp_path):
+def test_a_checkpoint_saved_before_the_option_loads_with_its_meaning_only_when_told(
+    tmp_path, source_batch, target_batch, tiny_model
+):
     """A config.json without rpe_recurrence (saved before the option) loads as "projected": an RPE encoder's W_r
     then has another shape and loading fails loudly; rpe_recurrence="hidden" gives back the same model."""
     model = tiny_model(position_encoding="rpe_head", rpe_recurrence="hidden")
@@ -261,7 +264,7 @@ def test_a_checkpoint_saved_before_the_option_loads_with_its_meaning_only_when_t
 
 
 @parametrize_cells
-def test_cached_state_follows_beam_reordering(cell, recurrence):
+def test_cached_state_follows_beam_reordering(cell, recurrence, tiny_model):
     """Every cell's cached state (r_{j-1} or h_{j-1}, the SRU's c_{j-1}, the LSTM's memory cell) is reordered with
     the beams: prefix, reorder, rest == the full forward of the reordered sequences."""
     model = tiny_model(position_encoding="mpr_head", rpe_cell=cell, rpe_recurrence=recurrence)
@@ -278,7 +281,7 @@ def test_cached_state_follows_beam_reordering(cell, recurrence):
     torch.testing.assert_close(rest, full[:, 3:], atol=1e-6, rtol=1e-6)
 
 
-def test_decoding_from_a_cache_without_rnn_state_is_refused():
+def test_decoding_from_a_cache_without_rnn_state_is_refused(tiny_model):
     """A cache filled by something else cannot silently restart the RNN from zero mid-sentence."""
     encoding = tiny_model(position_encoding="rpe_head").model.decoder.position_encoding
     with pytest.raises(ValueError, match="no RNN state"):
@@ -288,7 +291,9 @@ def test_decoding_from_a_cache_without_rnn_state_is_refused():
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)
-def test_per_head_projection_reads_only_each_heads_own_slice_in_the_first_layer(layout):
+def test_per_head_projection_reads_only_each_heads_own_slice_in_the_first_layer(
+    layout, source_batch, tiny_model
+):
     """rpe_head_projection="per_head": layer-0 Q/K/V of head h depend only on input features of head h."""
     src, mask = source_batch(batch=1)
     for projection, first_layer_is_blocked in (("per_head", True), ("full", False)):
@@ -308,7 +313,9 @@ def test_per_head_projection_reads_only_each_heads_own_slice_in_the_first_layer(
                     assert delta[..., :head_dim].abs().max() > 0
 
 
-def test_the_two_layouts_differ_only_by_a_feature_permutation_under_full_projections():
+def test_the_two_layouts_differ_only_by_a_feature_permutation_under_full_projections(
+    source_batch, tiny_model
+):
     """With "full" projections, MPRHead = RPEHead with permuted input features; "per_head" breaks that."""
     src, mask = source_batch()
     positions = (mask.cumsum(-1) - 1).clamp(min=0)
@@ -338,10 +345,12 @@ def test_the_two_layouts_differ_only_by_a_feature_permutation_under_full_project
 
 
 @pytest.mark.parametrize("cell", ["gru", "sru"])
-def test_rnn_weights_missing_from_a_checkpoint_are_initialised_finite(tmp_path, cell):
+def test_rnn_weights_missing_from_a_checkpoint_are_initialised_finite(
+    tmp_path, cell, source_batch, target_batch, tiny_model
+):
     """from_pretrained runs no PyTorch init: reset_parameters must initialise the RNN (else NaN/garbage). The
     checkpoint holds none of the model's weights: one that holds the others but lacks the RNN's is refused
-    (tests/test_model_faults.py)."""
+    (tests/model/test_model_checks.py)."""
     model = tiny_model(position_encoding="rpe_head", rpe_cell=cell)
     model.save_pretrained(tmp_path)
     assert any(".rnn." in key for key in load_file(tmp_path / "model.safetensors"))
@@ -361,14 +370,14 @@ def test_rnn_weights_missing_from_a_checkpoint_are_initialised_finite(tmp_path, 
     ("layout", "d_model", "heads", "expected"),
     [("rpe_head", 512, 8, 320), ("mpr_head", 512, 8, 256), ("rpe_head", 32, 4, 16), ("mpr_head", 32, 4, 16)],
 )
-def test_default_rpe_dim_is_the_papers_best_scaled_to_d_model(layout, d_model, heads, expected):
+def test_default_rpe_dim_is_the_papers_best_scaled_to_d_model(layout, d_model, heads, expected, tiny_config):
     """rpe_dim=None: d_r 320 (RPEHead) / 256 (MPRHead) at d_model 512 (Sec. 4.2), whole heads when smaller."""
     config = tiny_config(d_model=d_model, encoder_attention_heads=heads, decoder_attention_heads=heads)
     for stack in ("encoder", "decoder"):
         assert LAYOUTS[layout].resolve_rpe_dim(config, stack) == expected
 
 
-def test_a_default_d_r_other_than_the_papers_is_reported_as_a_deviation():
+def test_a_default_d_r_other_than_the_papers_is_reported_as_a_deviation(tiny_config):
     """The comparison tables say where a row's model departs from the paper: a scaled default d_r does, the
     paper's own d_r at d_model 512 and an explicit rpe_dim do not."""
     small = tiny_config(d_model=256, encoder_attention_heads=4, decoder_attention_heads=4)
@@ -401,7 +410,7 @@ def test_a_default_d_r_other_than_the_papers_is_reported_as_a_deviation():
         ({"rpe_dim": 7, "rpe_head_projection": "full"}, r"encoder: rpe_dim=7 must be even"),
     ],
 )
-def test_impossible_recurrent_settings_fail_when_the_config_is_built(overrides, message):
+def test_impossible_recurrent_settings_fail_when_the_config_is_built(overrides, message, tiny_config):
     """Errors name the bad value and the allowed ones, before any model is built."""
     with pytest.raises(ValueError, match=message):
         if "decoder_position_encoding" not in overrides:
@@ -422,20 +431,3 @@ def test_parameter_overhead_over_sinusoidal_in_the_base_model_is_below_the_paper
     sinusoidal = parameters(position_encoding="sinusoidal")
     for layout in LAYOUTS:
         assert 0 < parameters(position_encoding=layout, rpe_cell="rnn") / sinusoidal - 1 < 0.02
-
-
-def test_the_d_r_sweep_rows_are_valid_models_of_the_cpu_comparison():
-    """The comparison's rpe_dim table (paper 3 Fig. 2 at half width): every row builds at d_model 256 with 4
-    heads of 64, and each layout's sweep brackets its default d_r there (the paper's best, scaled; that row is
-    the main system)."""
-    rows = comparison_tables()["rpe_dim"][1:]  # after the sinusoidal baseline
-    small = dict(MODEL_SIZES["small"], max_position_embeddings=256)
-    for layout, encoding in LAYOUTS.items():
-        swept = []
-        for system in rows:
-            if system.name.startswith(layout):
-                config = MarianPosEncConfig(**small, **system.overrides)
-                assert config.encoder_position_encoding == config.decoder_position_encoding == layout
-                swept.append(encoding.resolve_rpe_dim(config, "encoder"))
-        default = encoding.resolve_rpe_dim(MarianPosEncConfig(**small), "encoder")
-        assert len(swept) >= 3 and min(swept) < default < max(swept) and default in swept

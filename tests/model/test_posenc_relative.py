@@ -8,7 +8,6 @@ import math
 
 import pytest
 import torch
-from conftest import source_batch, target_batch, tiny_model
 from transformers.models.t5.modeling_t5 import T5Attention
 
 from hf_posenc import PositionContext
@@ -100,7 +99,7 @@ def run_attention(attention, hidden, mask, context, reference_score_term, refere
 
 
 @pytest.mark.parametrize("stack", ["encoder", "decoder"])
-def test_shaw_attention_equals_the_loop_over_eq_3_to_5_with_clipping(stack):
+def test_shaw_attention_equals_the_loop_over_eq_3_to_5_with_clipping(stack, tiny_model):
     """Shaw Eq. 3-5 (a^K in the scores, a^V in the values, clip(j - i, -k, k)) without the (q, k, d) tensor."""
     model = tiny_model(position_encoding="shaw", max_relative_position=2)
     encoding = getattr(model.model, stack).position_encoding
@@ -131,7 +130,7 @@ def test_shaw_attention_equals_the_loop_over_eq_3_to_5_with_clipping(stack):
     torch.testing.assert_close(actual[valid], expected[valid], atol=1e-5, rtol=1e-4)
 
 
-def test_shaw_returns_the_attention_weights_it_used():
+def test_shaw_returns_the_attention_weights_it_used(source_batch, target_batch, tiny_model):
     """output_attentions works for Shaw's own kernel: padded and future keys get zero weight."""
     model = tiny_model(position_encoding="shaw")
     src, mask = source_batch()
@@ -152,7 +151,7 @@ def test_t5_buckets_match_transformers_t5(bidirectional, num_buckets, max_distan
 
 
 @pytest.mark.parametrize("stack, past", [("encoder", 0), ("decoder", 0), ("decoder", 3)])
-def test_t5_bias_is_the_stack_table_at_transformers_buckets(stack, past):
+def test_t5_bias_is_the_stack_table_at_transformers_buckets(stack, past, tiny_model):
     """bias_h(i, j) = b_h[bucket(j - i)] from the stack's one table, the same in every layer, cached or not."""
     model = tiny_model(position_encoding="t5_bias", t5_bias_num_buckets=8, t5_bias_max_distance=8)
     encoding = getattr(model.model, stack).position_encoding
@@ -174,7 +173,9 @@ def test_t5_bias_is_the_stack_table_at_transformers_buckets(stack, past):
 
 @pytest.mark.parametrize("use_reentrant", [False, True])
 @pytest.mark.parametrize("encoding_name", ["t5_bias", "adaptive_t5"])
-def test_bias_gradients_are_the_same_under_activation_checkpointing(encoding_name, use_reentrant):
+def test_bias_gradients_are_the_same_under_activation_checkpointing(
+    encoding_name, use_reentrant, source_batch, target_batch, tiny_model
+):
     """The bias made once by the stack is an input of the checkpointed layers: its table gets the same
     gradient with checkpointing (either kind) as without."""
     src, mask = source_batch()
@@ -192,7 +193,7 @@ def test_bias_gradients_are_the_same_under_activation_checkpointing(encoding_nam
         torch.testing.assert_close(gradients[1][name], gradient, msg=name)
 
 
-def test_t5_bias_attention_equals_the_loop_with_padding():
+def test_t5_bias_attention_equals_the_loop_with_padding(tiny_model):
     """The bias folded into SDPA's mask gives softmax(q.k / sqrt(d) + b_h[bucket(j - i)]) over real keys."""
     model = tiny_model(position_encoding="t5_bias", t5_bias_num_buckets=8, t5_bias_max_distance=8)
     table = model.model.encoder.position_encoding.table
@@ -209,8 +210,8 @@ def test_t5_bias_attention_equals_the_loop_with_padding():
     torch.testing.assert_close(actual[1, :5], expected[1, :5], atol=1e-5, rtol=1e-4)
 
 
-def test_adaptive_t5_bias_equals_the_per_head_mlp_loop():
-    """Wu et al. 2021 as restated in issue 3: soft bucket f per direction, sigmoid MLP per head and direction."""
+def test_adaptive_t5_bias_equals_the_per_head_mlp_loop(tiny_model):
+    """Wu et al. 2021: soft bucket f per direction, sigmoid MLP per head and direction."""
     model = tiny_model(position_encoding="adaptive_t5")
     for stack in ("encoder", "decoder"):
         encoding = getattr(model.model, stack).position_encoding
@@ -240,7 +241,7 @@ def test_adaptive_t5_bias_equals_the_per_head_mlp_loop():
                     torch.testing.assert_close(bias[h, i, j], expected.detach(), atol=1e-6, rtol=1e-5)
 
 
-def test_adaptive_t5_decoder_step_uses_query_row_t_against_keys_0_to_t():
+def test_adaptive_t5_decoder_step_uses_query_row_t_against_keys_0_to_t(tiny_model):
     """The incremental bias is row t of the full bias (the authors' code slices it to [:1, :1] instead)."""
     model = tiny_model(position_encoding="adaptive_t5")
     encoding = model.model.decoder.position_encoding
@@ -251,7 +252,7 @@ def test_adaptive_t5_decoder_step_uses_query_row_t_against_keys_0_to_t():
             torch.testing.assert_close(step, full[:, :, t : t + 1, : t + 1])
 
 
-def test_adaptive_t5_is_first_layer_only_unless_every_layer_is_set():
+def test_adaptive_t5_is_first_layer_only_unless_every_layer_is_set(tiny_model):
     """Default: the bias exists in layer 0 only; with adaptive_t5_every_layer each layer has its own."""
     context_of = lambda model: decoder_context(model, 0, 5)  # noqa: E731
     first_only = tiny_model(position_encoding="adaptive_t5")
@@ -273,7 +274,7 @@ def test_alibi_slopes_follow_the_papers_geometric_sequence():
 
 
 @pytest.mark.parametrize("stack", ["encoder", "decoder"])
-def test_alibi_attention_equals_the_loop_with_linear_distance_penalty(stack):
+def test_alibi_attention_equals_the_loop_with_linear_distance_penalty(stack, tiny_model):
     """Encoder: -m_h |i - j| (symmetric); decoder: -m_h (i - j) on the visible keys."""
     model = tiny_model(position_encoding="alibi")
     slopes = alibi_slopes(HEADS)
@@ -292,7 +293,7 @@ def test_alibi_attention_equals_the_loop_with_linear_distance_penalty(stack):
     torch.testing.assert_close(actual[rows], expected[rows], atol=1e-5, rtol=1e-4)
 
 
-def test_rope_rotates_each_feature_pair_by_position_times_frequency():
+def test_rope_rotates_each_feature_pair_by_position_times_frequency(tiny_model):
     """RoFormer Eq. 14-15: pair (x_i, x_{i+d/2}) at position m turns by m * 10000^(-2i/d); q.k then depends
     only on the offset n - m."""
     model = tiny_model(position_encoding="rope")
@@ -317,7 +318,9 @@ def test_rope_rotates_each_feature_pair_by_position_times_frequency():
 
 
 @pytest.mark.parametrize("name", ["shaw", "t5_bias", "adaptive_t5", "alibi", "rope"])
-def test_output_attentions_returns_weights_and_leaves_the_logits_unchanged(name):
+def test_output_attentions_returns_weights_and_leaves_the_logits_unchanged(
+    name, source_batch, target_batch, tiny_model
+):
     """output_attentions (eager weights, or Shaw's own) gives distributions and the same logits as SDPA."""
     model = tiny_model(position_encoding=name)
     src, mask = source_batch()
@@ -380,7 +383,7 @@ def test_shaw_recomputing_backward_equals_autograd_through_the_equations(dropout
         torch.testing.assert_close(got, want, msg=name)
 
 
-def test_shaw_in_batch_slices_equals_the_whole_batch(monkeypatch):
+def test_shaw_in_batch_slices_equals_the_whole_batch(monkeypatch, source_batch, target_batch, tiny_model):
     """Shaw's kernel runs a slice of the batch at a time (cache-sized score maps); slicing changes nothing:
     same logits, weights and gradients as one slice, with padding in the encoder and causality in the decoder."""
     from hf_posenc import posenc_relative

@@ -10,7 +10,7 @@ import subprocess
 import sys
 import textwrap
 
-from conftest import REPO
+from tests.helpers import REPO
 
 TOY_FILE = textwrap.dedent(
     '''
@@ -23,7 +23,7 @@ TOY_FILE = textwrap.dedent(
 
     class ToyPositionEncoding(PositionEncoding):
         title = "Toy"
-        reference = "tests/test_registry_driven.py, Eq. 1"
+        reference = "tests/model/test_registry.py, Eq. 1"
         citations = ("Nobody 2026. A Toy Position Encoding. Nowhere.",)
         hyperparameters = {"toy_scale": Hyperparameter(float, 0.5, "how much of the position to add", minimum=0.0)}
         variants = {"big": {"toy_scale": 2.0}}
@@ -110,8 +110,7 @@ def test_a_toy_module_added_by_its_file_and_registry_entry_appears_everywhere(tm
     assert {"pe-toy", "toy-big"} <= set(seen["conformance"])
     lines, citations = seen["card"]
     assert (
-        "`toy` (Toy): tests/test_registry_driven.py, Eq. 1" in lines
-        and "A Toy Position Encoding" in citations
+        "`toy` (Toy): tests/model/test_registry.py, Eq. 1" in lines and "A Toy Position Encoding" in citations
     )
     assert seen["panels"] == ["encoder: toy ramp", "decoder: toy ramp"]
     assert seen["deviations"] == ["encoder and decoder: scale 0.25 (paper: 0.5)"]

@@ -29,9 +29,9 @@ import unittest.mock
 import warnings
 
 import pytest
-from conftest import REPO
 
 from hf_posenc import MarianPosEncConfig, MarianPosEncForConditionalGeneration, MarianPosEncModel
+from tests.helpers import REPO
 
 UPSTREAM_TESTS = REPO / ".transformers-src" / "tests"
 UPSTREAM_PACKAGE = "transformers_upstream_tests"
@@ -75,7 +75,7 @@ DOCUMENTED_DIFFERENCES = {}
 if not GENERATION_MIXIN_SHIPPED:
     DOCUMENTED_DIFFERENCES["test_generation_tester_mixin_inheritance"] = (
         "asks a model that can generate for GenerationTesterMixin's tests, which transformers' sdist does not "
-        "ship (tests/generation/ is not in it); generation is tested in tests/test_conformance.py"
+        "ship (tests/generation/ is not in it); generation is tested in tests/model/test_conformance.py"
     )
 
 

@@ -7,10 +7,10 @@ from importlib import import_module
 from importlib.metadata import distribution
 
 import pytest
-from conftest import REPO
 
 from hf_posenc.pipeline.data.files import data_root
 from hf_posenc.pipeline.training import arguments
+from tests.helpers import REPO
 
 
 def console_commands() -> dict[str, str]:

@@ -1,8 +1,7 @@
-"""`make compare` (`study`): every system of the comparison tables is a valid training command, runs
-are planned seed by seed, a tiny real comparison writes the tracked results and the report (scores,
-significance, length generalisation, claims, probe, the k > 1 translations) and resumes, verdicts need seed
-noise as well as significance, runs are marked by how they were made, and a results folder or file the report
-cannot use is refused by name before anything is written."""
+"""`make compare` (`python -m study`): runs are planned seed by seed, a tiny real comparison writes the tracked
+results and the report (scores, significance, length generalisation, claims, probe, the k > 1 translations) and
+resumes, verdicts need seed noise as well as significance, runs are marked by how they were made, and a results
+folder or file the report cannot use is refused by name before anything is written."""
 
 import gzip
 import json
@@ -12,13 +11,11 @@ import subprocess
 import sys
 
 import pytest
-from conftest import REPO
 
-from hf_posenc.pipeline.export.model_card import paper_deviations
-from hf_posenc.pipeline.training import arguments
 from hf_posenc.pipeline.training.hardware import Hardware
 from study import claims, cli, readme, report, runs, tables
 from study.results import check_results, precisions
+from tests.helpers import REPO
 
 TEST_PAIRS = 1000  # test_2016_flickr: the README's summary compares systems on it
 MACHINE = Hardware("cpu", "a test machine", "AVX2", 1, "2.13.0+cpu")
@@ -38,77 +35,6 @@ def scored(k: int, bleu: float, length_ratio: float | None = None) -> dict:
 def write_hypotheses(run: runs.Run, root, lines: list[str]) -> None:
     path = run.folder(root) / f"test.hyp.{run.target_lang}.gz"
     path.write_bytes(gzip.compress("\n".join(lines).encode() + b"\n"))
-
-
-@pytest.mark.parametrize("system", sorted(tables.SYSTEMS))
-def test_every_system_is_a_valid_training_command(system):
-    """train.py accepts each run's arguments and builds the system's model."""
-    run = runs.Run(cli.COMPARISON_RECIPE, "en-de", system, 1)
-    args = cli.parse_args([])
-    args.run_precision = "fp32"
-    train_args = arguments.parse_args([*runs.train_arguments(run, args), "--output_dir", "unused"])
-    config = arguments.model_config(train_args, 100, 0, 1)
-    for field, value in tables.SYSTEMS[system].overrides.items():
-        assert getattr(config, field) == value
-    for field, value in tables.SYSTEMS[system].training.items():  # training options: train.py's data fields
-        assert getattr(train_args.data, field) == value
-
-
-def test_rows_name_where_the_model_departs_from_the_paper():
-    def deviations(name):
-        return paper_deviations(tables.row_config(tables.SYSTEMS[name], "multi30k-en-de-compare"))
-
-    assert deviations("mpr_head@decoder") == [
-        "decoder: d_r = 128 (paper: 256 at d_model 512; scaled to d_model 256, rounded down to a multiple of 4)"
-    ]
-    assert deviations("rpe_head")[0].startswith("encoder and decoder: d_r = 128 (paper: 320 at d_model 512")
-    assert deviations("mpr_head-dr64") == deviations("sinusoidal") == []
-
-
-def test_every_table_holds_the_baseline_and_claims_name_known_systems():
-    assert list(tables.TABLES) == list(tables.TABLE_TITLES)  # every table has a title, in report order
-    for table, systems in tables.TABLES.items():
-        assert tables.REFERENCE_SYSTEM in [s.name for s in systems], table
-    for claim in claims.CLAIMS:
-        assert claim.system in tables.SYSTEMS and claim.reference in tables.SYSTEMS, claim.claim
-        assert claim.relation in claims.TESTS and claim.source, claim.claim
-
-
-def test_extrapolation_rows_train_on_joined_pairs_and_measure_to_k16():
-    """#48 part 2: every length-relevant encoding trained as sinusoidal+concat4 (2-4 joined pairs, a 512-position
-    table) and measured at k = 1..16; other rows keep the harness's default k, and --length_k overrides both."""
-    rows = [s for s in tables.TABLES["extrapolation"] if s.name != tables.REFERENCE_SYSTEM]
-    names = {s.name.removesuffix("+concat4") for s in rows}
-    assert names == {
-        "sinusoidal",
-        "learned",
-        "alibi",
-        "rope",
-        "fire",
-        "kerple",
-        "t5_bias",
-        "shaw",
-        "rposnet",
-    } | {
-        "mpr_head",
-        "nope-decoder",
-    }
-    for system in rows:
-        assert system.training == tables.CONCAT4, system.name
-        assert system.overrides["max_position_embeddings"] == 512, system.name
-        assert tables.length_k(system.name) == [1, 2, 4, 8, 16]
-    assert (
-        tables.SYSTEMS["sinusoidal+concat4"] in tables.TABLES["length"]
-    )  # one row, two tables, trained once
-    assert tables.SYSTEMS["nope-decoder+concat4"].overrides["decoder_position_encoding"] == "none"
-    assert tables.length_k("sinusoidal") == tables.length_k("nope-decoder") == [1, 2, 4, 8]
-    args = cli.parse_args([])
-    rope = runs.Run(args.recipe, "en-de", "rope+concat4", 1)
-    assert runs.run_settings(rope, args)["length_k"] == [1, 2, 4, 8, 16]
-    assert runs.run_settings(rope, cli.parse_args(["--length_k", "1", "2"]))["length_k"] == [1, 2]
-    # every row's model takes a k = 16 input (at most 283 source tokens on the test set) and its decoding margin
-    for system in rows:
-        assert tables.row_config(system, args.recipe).max_position_embeddings >= 283 + 50, system.name
 
 
 def test_runs_are_planned_seed_by_seed_and_ablations_use_the_first_seeds():
@@ -478,7 +404,7 @@ def untouched(tmp_path):
     ],
 )
 def test_report_only_refuses_a_results_dir_without_its_runs(tmp_path, untouched, folder, words):
-    """#45: `--report_only --results_dir <typo>` rewrote every table and the README's results to "not run"."""
+    """Before: `--report_only --results_dir <typo>` rewrote every table and the README's results to "not run"."""
     flags, check = untouched
     root = tmp_path / folder
     if folder != "typo":
@@ -494,19 +420,13 @@ def test_report_only_refuses_a_results_dir_without_its_runs(tmp_path, untouched,
     check()
 
 
-def test_compare_py_with_a_mistyped_results_dir_exits_2_with_one_line(tmp_path, untouched):
+def test_the_study_command_with_a_mistyped_results_dir_exits_2_with_one_line(tmp_path, untouched):
     flags, check = untouched
     typo = tmp_path / "resluts"
-    command = [
-        sys.executable,
-        str(REPO / "train_scripts" / "compare.py"),
-        "--report_only",
-        "--results_dir",
-        str(typo),
-    ]
-    completed = subprocess.run([*command, *flags], capture_output=True, text=True, timeout=300)
+    command = [sys.executable, "-m", "study", "--report_only", "--results_dir", str(typo)]
+    completed = subprocess.run([*command, *flags], capture_output=True, text=True, timeout=300, cwd=REPO)
     assert completed.returncode == 2
-    assert f"compare.py: error: --results_dir {typo} does not exist" in completed.stderr
+    assert f"python -m study: error: --results_dir {typo} does not exist" in completed.stderr
     assert "Traceback" not in completed.stderr
     check()
 
@@ -545,7 +465,7 @@ def corrupt_gzip(path):
     ],
 )
 def test_a_damaged_results_file_is_named_before_anything_is_written(tmp_path, untouched, name, damage, words):
-    """#45: a corrupt scores.json gave no file name, or a TypeError minutes into the report. Every results file is
+    """Before: a corrupt scores.json gave no file name, or a TypeError minutes into the report. Every results file is
     checked up front; the error names the file and what is wrong."""
     flags, check = untouched
     root = tmp_path / "results"

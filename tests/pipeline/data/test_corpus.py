@@ -1,21 +1,16 @@
-"""The training corpus at scale (corpus.py, batching.py): tokenised once into an on-disk cache that the next run
+"""The training corpus at scale (pipeline/data/corpus.py): tokenised once into an on-disk cache that the next run
 reuses and that a change of data, tokenizer or filter replaces; invalid training pairs skipped and counted, the
-test set untouched; BPE learned on a bounded sample or an existing tokenizer reused; batches from numpy arrays,
-identical for a seed and epoch, also after a resume."""
+test set untouched; concatenation on the cache; BPE learned on a bounded sample or an existing tokenizer reused."""
 
 import gzip
 import json
 import random
-import tracemalloc
 
 import numpy as np
 import pytest
-from accelerate import skip_first_batches
-from torch.utils.data import DataLoader
 
 from hf_posenc.pipeline.data import corpus
 from hf_posenc.pipeline.data.augmentation import concatenate_consecutive
-from hf_posenc.pipeline.data.batching import TokenBudgetBatchSampler
 from hf_posenc.pipeline.data.corpus import CorpusSettings, file_source, prepare_training_corpus
 from hf_posenc.pipeline.data.files import ParallelText
 from hf_posenc.pipeline.data.tokenization import load_tokenizer, train_joint_bpe
@@ -262,7 +257,7 @@ def test_streamed_files_with_different_line_counts_are_an_error(tmp_path):
     assert not list((tmp_path / "cache").glob("pairs/*"))  # no entry left behind
 
 
-def test_bpe_learns_on_a_bounded_deterministic_sample(tmp_path, monkeypatch):
+def test_bpe_learns_on_a_bounded_deterministic_sample(tmp_path, monkeypatch, texts):
     seen = []
 
     def counting_bpe(texts, **kwargs):
@@ -296,50 +291,3 @@ def test_an_existing_tokenizer_is_reused_and_checked(tmp_path):
         load_tokenizer(str(tmp_path / "no-end"))
     with pytest.raises(ValueError, match="holds no loadable fast tokenizer"):
         load_tokenizer(str(tmp_path / "nothing-here"))
-
-
-def test_batches_are_identical_for_a_seed_and_epoch_and_after_a_resume():
-    lengths = np.random.default_rng(0).integers(2, 60, 5000)
-    first, second = (
-        TokenBudgetBatchSampler(lengths, 600, seed=5),
-        TokenBudgetBatchSampler(lengths, 600, seed=5),
-    )
-    for epoch in (0, 3):
-        first.set_epoch(epoch)
-        second.set_epoch(epoch)
-        assert list(first) == list(second)
-    assert list(TokenBudgetBatchSampler(lengths, 600, seed=6)) != list(
-        TokenBudgetBatchSampler(lengths, 600, seed=5)
-    )
-    # a resumed run: a new sampler, the Trainer's skip of the batches already trained on (accelerate)
-    resumed = TokenBudgetBatchSampler(lengths, 600, seed=5)
-    loader = DataLoader(range(len(lengths)), batch_sampler=resumed, collate_fn=list)
-    skipped = skip_first_batches(loader, 7)
-    resumed.set_epoch(3)
-    assert list(skipped) == list(first)[7:]
-
-
-def test_the_sampler_holds_numpy_arrays_not_a_python_object_per_example():
-    count = 200_000
-    lengths = np.random.default_rng(1).integers(2, 100, count)
-    tracemalloc.start()
-    sampler = TokenBudgetBatchSampler(lengths, 4096, seed=0)
-    batches = sum(1 for _ in sampler)
-    peak = tracemalloc.get_traced_memory()[1]
-    tracemalloc.stop()
-    assert batches == len(sampler)
-    assert all(not isinstance(value, list | tuple | dict) for value in vars(sampler).values())
-    assert peak / count < 64  # bytes per example: a few arrays of 8 bytes, no list of ints (>= 36 bytes each)
-
-
-def test_make_corpus_writes_aligned_resampled_captions_deterministically(tmp_path, multi30k_dir):
-    from benchmarks.make_corpus import make_corpus as make_benchmark_corpus
-
-    first = make_benchmark_corpus(tmp_path / "a", 2000, seed=3, data_dir=multi30k_dir)
-    second = make_benchmark_corpus(tmp_path / "b", 2000, seed=3, data_dir=multi30k_dir)
-    lines = [gzip.open(path, "rt", encoding="utf-8").read().splitlines() for path in first]
-    assert len(lines[0]) == len(lines[1]) == 2000
-    assert all(gzip.open(a).read() == gzip.open(b).read() for a, b in zip(first, second, strict=True))
-    captions = set(gzip.open(multi30k_dir / "train.en.gz", "rt", encoding="utf-8").read().splitlines())
-    joined = sum(line not in captions for line in lines[0]) / 2000
-    assert 0.35 < joined < 0.45  # 40% of the lines are two captions

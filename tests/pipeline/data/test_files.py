@@ -1,15 +1,17 @@
-"""Data reading fails loudly on bad input; token-budget batches respect their budget and cover every example;
-the joint BPE tokenizer round-trips through AutoTokenizer."""
+"""Parallel text (pipeline/data/files.py): reading fails loudly on bad input (missing files, mismatched lines,
+empty splits, bad bytes), the shipped Multi30k reads aligned, and Hub translation datasets are adapted."""
 
 import gzip
 
+import datasets
 import pytest
-from transformers import AutoTokenizer
 
-from hf_posenc.pipeline.data.batching import TokenBudgetBatchSampler, random_batches_padding_ratio
-from hf_posenc.pipeline.data.files import read_parallel, read_split
-from hf_posenc.pipeline.data.tokenization import train_joint_bpe
-from hf_posenc.pipeline.training.trainer import tokenize_parallel
+from hf_posenc.pipeline.data.files import (
+    parallel_from_translation_dataset,  # noqa: E402
+    read_lines,
+    read_parallel,
+    read_split,
+)
 
 
 def write(path, lines, compressed=False):
@@ -53,47 +55,20 @@ def test_shipped_multi30k_reads_aligned(multi30k_dir):
     assert len(test) == 1000 and len(test.target) == 1000
 
 
-def test_tokenizer_round_trips_through_auto_tokenizer(multi30k_dir, tmp_path):
-    text = read_split(multi30k_dir, "val", "en", "de")
-    tokenizer = train_joint_bpe(text.source + text.target, vocab_size=600)
-    assert [tokenizer.pad_token_id, tokenizer.eos_token_id, tokenizer.unk_token_id] == [0, 1, 2]
-    tokenizer.save_pretrained(tmp_path)
-    reloaded = AutoTokenizer.from_pretrained(tmp_path)
-    sample = text.source[:20] + text.target[:20]
-    assert reloaded(sample)["input_ids"] == tokenizer(sample)["input_ids"]
-    ids = reloaded(sample)["input_ids"]
-    assert all(row[-1] == 1 for row in ids)  # </s> closes every sequence
-    assert reloaded.batch_decode(ids, skip_special_tokens=True) == sample
+def test_data_files_with_bad_bytes_or_damaged_gzip_name_the_file(tmp_path):
+    (tmp_path / "bad.txt").write_bytes(b"fine\n\xff not utf-8\n")
+    with pytest.raises(ValueError, match=r"bad\.txt, line 2: byte b'\\xff' at column 1 is not UTF-8"):
+        read_lines(tmp_path / "bad.txt")
+    (tmp_path / "cut.gz").write_bytes(gzip.compress(b"a line\n" * 1000)[:40])
+    with pytest.raises(ValueError, match=r"cut\.gz is not a readable gzip file"):
+        read_lines(tmp_path / "cut.gz")
 
 
-def test_token_budget_batches_respect_the_budget_and_cover_every_example_once(multi30k_dir):
-    text = read_split(multi30k_dir, "val", "en", "de")
-    tokenizer = train_joint_bpe(text.source + text.target, vocab_size=600)
-    lengths = tokenize_parallel(tokenizer, text.source, text.target, max_length=256)["length"]
-    sampler = TokenBudgetBatchSampler(lengths, max_tokens=800, seed=3)
-    for epoch in range(2):
-        sampler.set_epoch(epoch)
-        batches = list(sampler)
-        assert all(len(b) * max(lengths[i] for i in b) <= 800 for b in batches)
-        assert sorted(i for b in batches for i in b) == list(range(len(lengths)))
-    assert [list(b) for b in TokenBudgetBatchSampler(lengths, 800, seed=3)] == TokenBudgetBatchSampler(
-        lengths, 800, seed=3
-    ).batches
-    first_epoch = TokenBudgetBatchSampler(lengths, 800, seed=3).batches
-    assert first_epoch != batches  # reshuffled per epoch
-    random_padding = random_batches_padding_ratio(lengths, batch_size=len(lengths) // len(batches))
-    assert sampler.padding_ratio() < 0.25 * random_padding
-
-
-def test_budget_smaller_than_the_longest_example_is_an_error():
-    with pytest.raises(
-        ValueError, match=r"max_tokens=10 is smaller than the longest example \(12 tokens, example 1\)"
-    ):
-        TokenBudgetBatchSampler([5, 12, 3], max_tokens=10)
-
-
-def test_over_long_pairs_are_an_error_not_truncated(multi30k_dir):
-    text = read_split(multi30k_dir, "val", "en", "de", limit=50)
-    tokenizer = train_joint_bpe(text.source + text.target, vocab_size=300)
-    with pytest.raises(ValueError, match=r"exceed max_length=5 tokens"):
-        tokenize_parallel(tokenizer, text.source, text.target, max_length=5)
+def test_hub_translation_schema_adapter_on_a_local_dataset():
+    dataset = datasets.Dataset.from_dict(
+        {"translation": [{"de": "Ein Hund.", "en": "A dog."}, {"de": "Zwei Katzen.", "en": "Two cats."}]}
+    )
+    text = parallel_from_translation_dataset(dataset, "en", "de", name="wmt14/de-en:train")
+    assert text.source == ["A dog.", "Two cats."] and text.target == ["Ein Hund.", "Zwei Katzen."]
+    with pytest.raises(ValueError, match=r"languages \['de', 'en'\]; 'fr' is not among them"):
+        parallel_from_translation_dataset(dataset, "en", "fr", name="wmt14/de-en:train")

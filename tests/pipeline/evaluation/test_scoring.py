@@ -1,19 +1,23 @@
-"""Decoding shows its progress without changing its output, takes texts or token ids alike, and a finished
-run's garbage output is named as such with its likely causes (hf_posenc/pipeline/evaluation/scoring.py); sacreBLEU
-scores a corpus in one place."""
+"""Scores, significance and the degenerate-output check (pipeline/evaluation/scoring.py): a finished run's garbage
+output is named as such with its likely causes, sacreBLEU scores a corpus in one place, the paired bootstrap and
+the n-gram sweep."""
 
 import copy
-import io
-import logging
+import random
 import re
 
 import pytest
 import torch
-from conftest import REPO, tiny_model
 
-from hf_posenc.pipeline.data.tokenization import train_joint_bpe
-from hf_posenc.pipeline.evaluation.decoding import translate
-from hf_posenc.pipeline.evaluation.scoring import COLLAPSED_ENCODER, degenerate_output, encoder_token_cosine
+from hf_posenc.pipeline.evaluation.scoring import (  # noqa: E402
+    COLLAPSED_ENCODER,
+    degenerate_output,
+    encoder_token_cosine,
+    ngram_sweep,
+    paired_bootstrap,
+    plot_ngram_sweep,
+)
+from tests.helpers import REPO, SOURCES
 
 GOOD_RUN = [f"{n} Männer fahren Fahrrad." for n in range(120)]
 
@@ -67,41 +71,6 @@ def test_low_bleu_without_a_position_encoding_is_not_flagged():
     assert degenerate_output(GOOD_RUN, bleu=0.4, position_encoding="rope") != []
 
 
-class Terminal(io.StringIO):
-    def isatty(self) -> bool:
-        return True
-
-
-SOURCES = ["a dog runs", "a man", "two dogs run on the grass", "a woman reads", "children play"]
-
-
-@pytest.fixture(scope="module")
-def model_and_tokenizer():
-    tokenizer = train_joint_bpe(SOURCES * 3, vocab_size=60)
-    return tiny_model(max_position_embeddings=64), tokenizer
-
-
-def test_decoding_progress_is_logged_off_a_terminal_without_changing_the_translations(
-    model_and_tokenizer, caplog
-):
-    model, tokenizer = model_and_tokenizer
-    caplog.set_level(logging.INFO, logger="hf_posenc.pipeline.training.progress")
-    kwargs = dict(batch_size=2, num_beams=1, max_new_tokens=4)
-    logged = translate(
-        model, tokenizer, SOURCES, progress_every_seconds=0, progress_stream=io.StringIO(), **kwargs
-    )
-    lines = [record.getMessage() for record in caplog.records]
-    assert [line.split(",")[0] for line in lines] == [
-        "decoding: 2/5 sentences",
-        "decoding: 4/5 sentences",
-        "decoding: 5/5 sentences",
-    ]
-    terminal = Terminal()
-    shown = translate(model, tokenizer, SOURCES, progress_stream=terminal, **kwargs)
-    assert "100%|" in terminal.getvalue() and "5/5 sentences" in terminal.getvalue()
-    assert logged == shown
-
-
 def test_bf16_is_blamed_only_when_too_few_updates_ran():
     """bf16 hurts through speed: after plenty of updates, low BLEU has other causes."""
     few = degenerate_output([""] * 200, bleu=0.0, position_encoding="learned", updates=23, precision="bf16")
@@ -142,34 +111,8 @@ def test_a_collapsed_encoder_is_named_as_the_cause():
     assert degenerate_output(GOOD_RUN, bleu=34.6, position_encoding="sinusoidal", encoder_cosine=0.14) == []
 
 
-def test_texts_and_their_token_ids_translate_alike(model_and_tokenizer):
-    """One `translate` for the scripts and the word-order probe (issue #47): token ids made by the tokenizer
-    (the probe's permuted sources) decode exactly as the texts they come from."""
-    model, tokenizer = model_and_tokenizer
-    kwargs = dict(batch_size=2, num_beams=2, max_new_tokens=4)
-    ids = [tokenizer(sentence)["input_ids"] for sentence in SOURCES]
-    assert translate(model, tokenizer, ids, **kwargs) == translate(model, tokenizer, SOURCES, **kwargs)
-
-
-def test_bf16_translation_decodes_under_bf16_autocast(model_and_tokenizer, monkeypatch):
-    model, tokenizer = model_and_tokenizer
-    autocast_seen = []
-    generate = model.generate
-
-    def recording_generate(*args, **kwargs):
-        autocast_seen.append(
-            torch.is_autocast_enabled("cpu") and torch.get_autocast_dtype("cpu") == torch.bfloat16
-        )
-        return generate(*args, **kwargs)
-
-    monkeypatch.setattr(model, "generate", recording_generate)
-    translate(model, tokenizer, SOURCES, batch_size=8, bf16=True, max_new_tokens=2)
-    translate(model, tokenizer, SOURCES, batch_size=8, max_new_tokens=2)
-    assert autocast_seen == [True, False]
-
-
 def test_sacrebleu_scores_a_corpus_in_one_place():
-    """Issue #47: BLEU and chrF come from `evaluation.corpus_score` alone (through `score_translations` or
+    """BLEU and chrF come from `evaluation.corpus_score` alone (through `score_translations` or
     `ngram_sweep`); no other module of the package or the scripts scores a corpus (the study's bootstrap sums
     sentence statistics, checked against `corpus_score` in test_verdicts), and the unused `evaluate` metric of
     train_scripts/metrics/ is gone."""
@@ -182,3 +125,39 @@ def test_sacrebleu_scores_a_corpus_in_one_place():
                 places.append(f"{path.relative_to(REPO)}:{number}")
     assert len(places) == 1 and places[0].startswith("hf_posenc/pipeline/evaluation/scoring.py:"), places
     assert not (REPO / "train_scripts" / "metrics").exists()
+
+
+def test_zero_bootstrap_samples_are_an_error_not_sacrebleus_default():
+    with pytest.raises(ValueError, match="bootstrap samples=0 must be at least 1"):
+        paired_bootstrap(["a"], ["a"], ["a"], samples=0)
+
+
+def test_paired_bootstrap_marks_a_clearly_better_system(multi30k_dir):
+    from hf_posenc.pipeline.data.files import read_split
+
+    test = read_split(multi30k_dir, "test_2016_flickr", "en", "de", limit=200)
+    good = test.target
+    bad = [" ".join(line.split()[::-1]) for line in test.target]  # word order destroyed
+    report = paired_bootstrap(bad, good, test.target, samples=200)
+    assert report["bleu"]["system"] == 100.0 and report["bleu"]["significance"] == "**"
+    assert report["bleu"]["p_value"] < 0.05 and "bs:200" in report["bleu"]["signature"]
+    # two systems of the same expected quality: each damages a random half of the lines
+    generator = random.Random(0)
+    first, second = (
+        [g if generator.random() < 0.5 else b for g, b in zip(good, bad, strict=True)] for _ in range(2)
+    )
+    tie = paired_bootstrap(first, second, test.target, samples=1000)
+    assert tie["bleu"]["significance"] == "" and tie["bleu"]["p_value"] > 0.10
+
+
+def test_ngram_sweep_grows_with_order_for_word_order_damage(multi30k_dir, tmp_path):
+    from hf_posenc.pipeline.data.files import read_split
+
+    test = read_split(multi30k_dir, "test_2016_flickr", "en", "de", limit=100)
+    shuffled = [" ".join(line.split()[::-1]) for line in test.target]
+    sweep = ngram_sweep(test.target, shuffled, test.target)
+    assert [n for n, _ in sweep["chrf_char"]] == list(range(1, 31))
+    assert sweep["bleu"][0][1] == pytest.approx(0, abs=1e-6)  # unigrams ignore order
+    assert sweep["bleu"][3][1] > sweep["bleu"][1][1] > 0  # the gap grows with the n-gram order
+    plot_ngram_sweep(sweep, tmp_path / "sweep.png")
+    assert (tmp_path / "sweep.png").read_bytes()[:4] == b"\x89PNG"

@@ -1,5 +1,6 @@
-"""CTranslate2 export (issue #46): every module CTranslate2 can express decodes token for token as `generate`,
-every other one is refused with the CTranslate2 feature it lacks, and the command never destroys a folder.
+"""CTranslate2 export (pipeline/export/ctranslate2.py): every module CTranslate2 can express decodes token for
+token as `generate`, every other one is refused with the CTranslate2 feature it lacks, and the command never
+destroys a folder.
 
 The exactness tests run on tiny models with a BPE vocabulary learnt from a few Multi30k sentences. With random
 weights (fixed seed) greedy decoding runs into the length limit, which checks the limit and the forced `</s>`.
@@ -14,7 +15,8 @@ import sys
 
 import pytest
 import torch
-from conftest import DATA_DIR, REPO, TINY_FIELDS, tiny_config
+
+from tests.helpers import REPO, TINY_FIELDS
 
 ctranslate2 = pytest.importorskip("ctranslate2")
 
@@ -48,21 +50,19 @@ BASE_STEPS, SYSTEM_STEPS = 150, 20
 EXPORTABLE = [
     (name, overrides)
     for name, overrides in conformance_variants()
-    if not export_refusals(tiny_config(**overrides))
+    if not export_refusals(MarianPosEncConfig(**{**TINY_FIELDS, **overrides}))
 ] + [("alibi-decoder", {"encoder_position_encoding": "sinusoidal", "decoder_position_encoding": "alibi"})]
 
 
-def read(name: str, count: int) -> list[str]:
-    path = DATA_DIR / name
-    if not path.is_file():
-        pytest.skip(f"the shared Multi30k data is not at {DATA_DIR}")
+def read(folder, name: str, count: int) -> list[str]:
+    path = folder / name
     with gzip.open(path, "rt", encoding="utf-8") as lines:
         return [next(lines).strip() for _ in range(count)]
 
 
 @pytest.fixture(scope="module")
-def corpus():
-    return read("train.en.gz", BPE_SENTENCES), read("train.de.gz", BPE_SENTENCES)
+def corpus(multi30k_dir):
+    return read(multi30k_dir, "train.en.gz", BPE_SENTENCES), read(multi30k_dir, "train.de.gz", BPE_SENTENCES)
 
 
 @pytest.fixture(scope="module")
@@ -209,7 +209,9 @@ MODULE_FIELDS = (
 @pytest.mark.parametrize(
     "name, overrides", conformance_variants(), ids=[name for name, _ in conformance_variants()]
 )
-def test_every_module_is_exported_or_refused_naming_it_and_the_missing_ctranslate2_feature(name, overrides):
+def test_every_module_is_exported_or_refused_naming_it_and_the_missing_ctranslate2_feature(
+    name, overrides, tiny_config
+):
     config = tiny_config(**overrides)
     reasons = export_refusals(config)
     refused = [
@@ -227,13 +229,13 @@ def test_every_module_is_exported_or_refused_naming_it_and_the_missing_ctranslat
     assert all(reason in str(error.value) for reason in reasons)
 
 
-def test_alibi_is_refused_in_the_encoder_only_because_ctranslate2_s_encoder_spec_has_no_alibi():
+def test_alibi_is_refused_in_the_encoder_only_because_ctranslate2_s_encoder_spec_has_no_alibi(tiny_config):
     (reason,) = export_refusals(tiny_config(position_encoding="alibi"))
     assert reason.startswith("encoder_position_encoding='alibi'") and "TransformerEncoderSpec" in reason
     assert export_refusals(tiny_config(decoder_position_encoding="alibi")) == []
 
 
-def test_gating_and_a_non_attention_mixer_are_refused_together_with_their_reasons():
+def test_gating_and_a_non_attention_mixer_are_refused_together_with_their_reasons(tiny_config):
     reasons = export_refusals(tiny_config(attention_gating=True, encoder_self_attention="fourier"))
     assert any(reason.startswith("encoder_self_attention='fourier' (FourierNet)") for reason in reasons)
     assert any(reason.startswith("attention_gating=True") for reason in reasons)

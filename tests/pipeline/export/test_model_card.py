@@ -3,7 +3,6 @@ the data's licence, the dataset's Hub id, config and split, and the scores; the 
 scored; every module's citation becomes a BibTeX entry."""
 
 import pytest
-from conftest import tiny_model
 from huggingface_hub import ModelCard
 
 from hf_posenc import POSITION_ENCODINGS, TOKEN_MIXERS
@@ -28,13 +27,15 @@ FIELDS = dict(
 )
 
 
-def card_of(tmp_path, dataset, **overrides) -> ModelCard:
-    path = write_model_card(tmp_path, tiny_model(position_encoding="learned"), SCORES, dataset, **FIELDS)
+def card_of(model, tmp_path, dataset) -> ModelCard:
+    path = write_model_card(tmp_path, model, SCORES, dataset, **FIELDS)
     return ModelCard.load(path)
 
 
-def test_the_hub_parser_reads_tag_licence_dataset_split_and_scores(tmp_path):
-    card = card_of(tmp_path, dataset_of("multi30k", "en", "de", "train"))
+def test_the_hub_parser_reads_tag_licence_dataset_split_and_scores(tmp_path, tiny_model):
+    card = card_of(
+        tiny_model(position_encoding="learned"), tmp_path, dataset_of("multi30k", "en", "de", "train")
+    )
     assert card.data.pipeline_tag == "translation" and card.data.library_name == "transformers"
     assert card.data.license == "other" and card.data.license_name == "flickr30k-non-commercial"
     result = {r.metric_type: r for r in card.data.eval_results}
@@ -50,14 +51,22 @@ def test_the_hub_parser_reads_tag_licence_dataset_split_and_scores(tmp_path):
     assert "at most 60 tokens" in card.text
 
 
-def test_a_hub_dataset_with_a_config_names_it(tmp_path):
-    card = card_of(tmp_path, dataset_of("wmt14", "en", "de", "wmt14/de-en:train"))
+def test_a_hub_dataset_with_a_config_names_it(tmp_path, tiny_model):
+    card = card_of(
+        tiny_model(position_encoding="learned"),
+        tmp_path,
+        dataset_of("wmt14", "en", "de", "wmt14/de-en:train"),
+    )
     result = card.data.eval_results[0]
     assert (result.dataset_type, result.dataset_config) == ("wmt/wmt14", "de-en")
 
 
-def test_unknown_data_leave_the_licence_unknown_and_say_so(tmp_path):
-    card = card_of(tmp_path, dataset_of("my-corpus", "en", "de", "my.en / my.de"))
+def test_unknown_data_leave_the_licence_unknown_and_say_so(tmp_path, tiny_model):
+    card = card_of(
+        tiny_model(position_encoding="learned"),
+        tmp_path,
+        dataset_of("my-corpus", "en", "de", "my.en / my.de"),
+    )
     assert card.data.license == "unknown" and "set the card's license" in card.text
 
 
@@ -72,7 +81,9 @@ def test_every_module_citation_becomes_a_bibtex_entry(citation):
     assert "title = {" in entry and "year = {" in entry
 
 
-def test_the_card_carries_bibtex_for_the_modules_and_the_library(tmp_path):
-    card = card_of(tmp_path, dataset_of("multi30k", "en", "de", "train"))
+def test_the_card_carries_bibtex_for_the_modules_and_the_library(tmp_path, tiny_model):
+    card = card_of(
+        tiny_model(position_encoding="learned"), tmp_path, dataset_of("multi30k", "en", "de", "train")
+    )
     assert "```bibtex" in card.text and LIBRARY_BIBTEX in card.text
     assert "title = {Convolutional Sequence to Sequence Learning}" in card.text  # learned positions (Gehring)

@@ -1,12 +1,12 @@
-"""Nothing lost, nothing leaked: the run's folders are checked before any work, a run is replaced only once the
-new one is written, and the Hub upload honours every Hub field (a private push is never published)."""
+"""The run folder and the Hub upload (pipeline/export/run_folder.py): the run's folders are checked before any
+work, a run is replaced only once the new one is written, the loggers' files are uploaded, and the Hub upload
+honours every Hub field (a private push is never published)."""
 
 import json
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-from conftest import DATA_DIR, tiny_run_flags
 
 from hf_posenc.pipeline.export.run_folder import (
     check_output_folders,
@@ -15,7 +15,6 @@ from hf_posenc.pipeline.export.run_folder import (
     write_run_folder,
 )
 from hf_posenc.pipeline.training import arguments, run
-from hf_posenc.pipeline.training.trainer import TranslationTrainer
 
 
 def hub_fields(**fields):
@@ -155,7 +154,7 @@ def test_a_new_folder_replaces_the_old_one_whole(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["run"]
 
 
-def tiny_flags(tmp_path):
+def tiny_flags(tiny_run_flags, tmp_path):
     return [
         *tiny_run_flags(train_limit=200),
         "--minutes",
@@ -171,11 +170,10 @@ def tiny_flags(tmp_path):
     ]
 
 
-@pytest.mark.skipif(not DATA_DIR.is_dir(), reason="shared data folder absent")
-def test_overwriting_a_run_with_one_that_fails_keeps_the_old_run(tmp_path, monkeypatch):
+def test_overwriting_a_run_with_one_that_fails_keeps_the_old_run(tmp_path, monkeypatch, tiny_run_flags):
     """--overwrite_output_dir removes the old run only once the new one is written; a new run that fails in
     training leaves the old folder in place and its checkpoints set aside, and says so when run again."""
-    flags = tiny_flags(tmp_path)
+    flags = tiny_flags(tiny_run_flags, tmp_path)
     first = run.main(flags)
     old_weights = (tmp_path / "run" / "model.safetensors").read_bytes()
 
@@ -191,22 +189,6 @@ def test_overwriting_a_run_with_one_that_fails_keeps_the_old_run(tmp_path, monke
     monkeypatch.undo()
     with pytest.raises(ValueError, match="did not finish replacing"):
         run.main([*flags, "--overwrite_output_dir"])
-
-
-@pytest.mark.skipif(not DATA_DIR.is_dir(), reason="shared data folder absent")
-def test_resuming_with_another_learning_rate_or_module_is_refused_naming_both(tmp_path):
-    """The restored scheduler would ignore a new learning rate while the card recorded it; another module would
-    fail deep inside the optimizer. A resumed run must repeat the settings it continues."""
-    flags = tiny_flags(tmp_path)
-    run.main(flags)
-    resume = [*flags, "--max_steps", "3", "--resume_from_checkpoint", "last"]
-    with pytest.raises(ValueError, match=r"learning_rate=0\.001 \(the run resumed: 0\.002\)"):
-        run.main([*resume, "--learning_rate", "0.001"])
-    with pytest.raises(
-        ValueError, match=r"encoder_position_encoding='learned' \(the run resumed: 'sinusoidal'\)"
-    ):
-        run.main([*resume, "--position_encoding", "learned"])
-    assert run.main(resume)["steps"] == 3
 
 
 def test_the_loggers_files_go_into_the_uploaded_folder(tmp_path, monkeypatch):
@@ -226,12 +208,3 @@ def test_the_loggers_files_go_into_the_uploaded_folder(tmp_path, monkeypatch):
     other.mkdir()
     copy_training_logs(tmp_path / "run-checkpoints", other)
     assert (other / "runs" / "events.out.tfevents.2").is_file()
-
-
-def test_under_token_batches_the_trainer_reports_target_tokens_not_samples_per_second(monkeypatch):
-    logged = []
-    monkeypatch.setattr(TranslationTrainer.__mro__[1], "log", lambda self, logs, *a, **k: logged.append(logs))
-    trainer = object.__new__(TranslationTrainer)  # only what `log` reads
-    trainer.max_tokens, trainer.target_tokens = 2500, 5000
-    trainer.log({"train_runtime": 10.0, "train_samples_per_second": 12.8, "train_loss": 3.0})
-    assert logged == [{"train_runtime": 10.0, "train_loss": 3.0, "train_target_tokens_per_second": 500.0}]

@@ -16,7 +16,6 @@ from dataclasses import replace
 
 import pytest
 import torch
-from conftest import tiny_model
 
 from hf_posenc.pipeline.training import hardware
 from hf_posenc.pipeline.training.hardware import (
@@ -189,7 +188,7 @@ def test_peak_measurement_stops_early_when_matmuls_are_slow(monkeypatch):
     assert sizes == [256]
 
 
-def test_model_flops_are_counted_and_sdpa_counts_as_eager_attention():
+def test_model_flops_are_counted_and_sdpa_counts_as_eager_attention(tiny_model):
     """FlopCounterMode alone counts 0 FLOPs for SDPA's CPU kernel; with our formulas SDPA and eager attention
     count the same model FLOPs (so MFU compares systems on different backends fairly)."""
     counts = {}

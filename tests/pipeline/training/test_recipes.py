@@ -1,5 +1,8 @@
-"""A module's name builds the paper's model: paper 1 Table 1's parameter counts from the wmt14-en-de-base
-recipe and the default settings, and the papers' big and small recipe settings."""
+"""The shipped recipes (pipeline/training/recipes/): every recipe parses, a bad recipe is named, and a module's
+name builds the paper's model: paper 1 Table 1's parameter counts from the wmt14-en-de-base recipe and the
+default settings, and the papers' big and small recipe settings."""
+
+from pathlib import Path
 
 import pytest
 import torch
@@ -116,3 +119,67 @@ def test_paper_2_small_recipe_has_eight_heads_and_beam_12():
         0.3,
     )
     assert args.model.num_beams == 12 and args.run.average_best == 30 and args.training.save_steps == 300
+
+
+@pytest.mark.parametrize(
+    "recipe, words",
+    [
+        ("d_model: [1\n", ["is not valid YAML"]),
+        ("- 128\n- 256\n", ["must be a mapping of settings, got a list"]),
+        ("d_model: 64\nlearnig_rate: 0.1\n", ["unknown keys ['learnig_rate']"]),
+        ("extends: bad\n", ["extends itself"]),
+    ],
+    ids=["invalid-yaml", "a-list", "unknown-key", "extends-itself"],
+)
+def test_bad_recipes_name_the_recipe_file(recipe, words, tmp_path, monkeypatch, capsys):
+    (tmp_path / "bad.yaml").write_text(recipe)
+    monkeypatch.setattr(arguments, "RECIPES", tmp_path)
+    with pytest.raises(SystemExit):
+        arguments.parse_args(["--recipe", "bad"])
+    message = capsys.readouterr().err
+    for word in words:
+        assert word in message, message
+
+
+@pytest.mark.parametrize("recipe", arguments.recipe_names())
+def test_every_recipe_parses_into_valid_arguments(recipe):
+    args = arguments.parse_args(["--recipe", recipe])
+    assert args.run.recipe == recipe and args.data.max_tokens > 0 and args.training.learning_rate > 0
+
+
+def test_wmt_recipes_follow_paper_one():
+    args = arguments.parse_args(["--recipe", "wmt14-en-de-base"])
+    training = args.training
+    assert (training.learning_rate, training.warmup_steps, training.label_smoothing_factor) == (
+        7e-4,
+        4000,
+        0.1,
+    )
+    assert (training.adam_beta1, training.adam_beta2, training.adam_epsilon) == (0.9, 0.98, 1e-9)
+    assert (args.data.max_tokens, training.gradient_accumulation_steps, training.max_steps) == (
+        4096,
+        8,
+        150000,
+    )
+    assert args.run.average_last == 5 and training.lr_scheduler_type == "inverse_sqrt"
+    assert Path(args.data.test_source).is_file()  # newstest2014 is shipped
+
+
+def test_unknown_recipe_or_module_lists_the_valid_ones(capsys):
+    with pytest.raises(SystemExit):
+        arguments.parse_args(["--recipe", "wmt15"])
+    assert "unknown recipe 'wmt15'; available: iwslt14-de-en-small" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        arguments.parse_args(["--position_encoding", "rotary"])
+    assert (
+        "encoder_position_encoding='rotary' is not known; allowed values: adaptive_t5"
+        in capsys.readouterr().err
+    )
+
+
+def test_recipe_with_an_unknown_key_is_rejected(tmp_path, monkeypatch, capsys):
+    (tmp_path / "bad.yaml").write_text("d_model: 64\nlearnig_rate: 0.1\n")
+    monkeypatch.setattr(arguments, "RECIPES", tmp_path)
+    with pytest.raises(SystemExit):
+        arguments.parse_args(["--recipe", "bad"])
+    assert "unknown keys ['learnig_rate']" in capsys.readouterr().err

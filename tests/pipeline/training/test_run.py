@@ -1,17 +1,21 @@
-"""The `make train` path on real data: a tiny run in CI, the full default recipe marked slow."""
+"""A training run's stages (pipeline/training/run.py) on real data: a tiny run writes a Hub-ready folder, the stock
+Marian baseline runs through the same pipeline, degenerate output and missing data are named, torch.compile
+and precision, the data preparation (train short, concatenation) and the rposnet length ratio; the full default
+recipe is marked slow."""
 
 import json
 import subprocess
 import sys
 import textwrap
 
+import datasets
 import pytest
 import torch
 import transformers
-from conftest import tiny_run_flags
+from safetensors.torch import load_file
 
 from hf_posenc import MarianPosEncForConditionalGeneration
-from hf_posenc.pipeline.training import run
+from hf_posenc.pipeline.training import arguments, run
 
 TINY = [
     "--train_limit",
@@ -184,12 +188,11 @@ def test_default_recipe_reaches_the_measured_quality(multi30k_dir, tmp_path):
     assert scores["total_minutes"] <= 20 and scores["bleu"] > 25, scores
 
 
-def test_torch_compile_trains_what_eager_trains_and_saves_the_plain_model(tmp_path):
+def test_torch_compile_trains_what_eager_trains_and_saves_the_plain_model(tmp_path, tiny_run_flags):
     """`--torch_compile true` (a Trainer field, off by default: docs/training.md says where it was measured):
     the compiled step computes the eager step's losses (same seed, fp32, no dropout, whose random numbers
     inductor draws differently) over token batches of changing shape, and the folder and checkpoints hold the
     plain model's weights."""
-    from safetensors.torch import load_file
 
     flags = [*tiny_run_flags(), "--dropout", "0", "--max_steps", "4", "--logging_steps", "1"]
     flags += ["--save_strategy", "steps", "--save_steps", "2", "--average_last", "0"]
@@ -211,7 +214,9 @@ def test_torch_compile_trains_what_eager_trains_and_saves_the_plain_model(tmp_pa
 
 
 @pytest.mark.parametrize("precision, autocast", [("bf16", torch.bfloat16), ("fp32", None)])
-def test_the_training_step_runs_in_the_chosen_precision(monkeypatch, tmp_path, precision, autocast):
+def test_the_training_step_runs_in_the_chosen_precision(
+    monkeypatch, tmp_path, precision, autocast, tiny_run_flags
+):
     """The Trainer's Accelerator autocasts the model's forward with the `mixed_precision` that TrainingArguments
     computes from bf16/fp16 when it is built: the chosen precision reaches the training step (and scores.json
     says so), not only the record and the decoding."""
@@ -230,3 +235,48 @@ def test_the_training_step_runs_in_the_chosen_precision(monkeypatch, tmp_path, p
     assert record["precision"] == precision and record["training_autocast"] == (
         precision if autocast else "no"
     )
+
+
+def test_rposnet_cross_attention_gets_the_training_data_length_ratio():
+    """Paper 2 Eq. 10: gamma in cross-attention = source/target length ratio, computed by the training script."""
+    dataset = datasets.Dataset.from_dict(
+        {"input_ids": [[1, 2, 3], [4, 5, 6, 7, 8]], "labels": [[1, 2], [3, 4]]}
+    )
+    assert run.source_target_length_ratio(dataset) == 2.0
+    args = arguments.parse_args(
+        ["--recipe", "multi30k-en-de-tiny", "--cross_attention", "rposnet", "--d_model", "32"]
+    )
+    assert run.data_config(args, 40, 0, 1, train=dataset).rposnet_length_ratio == 2.0
+    args.model.config_overrides = json.dumps({"rposnet_length_ratio": 1.3})  # an explicit choice wins
+    assert run.data_config(args, 40, 0, 1, train=dataset).rposnet_length_ratio == 1.3
+
+
+def test_train_short_keeps_only_short_pairs_and_concatenation_joins_them_afterwards(multi30k_dir):
+    """--max_train_length (train short, test long) filters the training pairs; concatenation augmentation joins
+    the kept pairs, so joined examples may be longer than the filter, which is their point."""
+    flags = [
+        "--recipe",
+        "multi30k-en-de-tiny",
+        "--data_dir",
+        str(multi30k_dir),
+        "--train_limit",
+        "400",
+        "--test_limit",
+        "3",
+        "--vocab_size",
+        "600",
+        "--max_train_length",
+        "14",
+        "--output_dir",
+        "unused",
+    ]
+    short = run.prepare_data(arguments.parse_args(flags))
+    assert max(short.train["length"]) <= 14 and 0 < len(short.train) < 400
+    assert len(short.test) == 3  # the test set is not filtered
+    joined = run.prepare_data(arguments.parse_args([*flags, "--concat_probability", "1.0"]))
+    assert len(joined.train) < len(short.train) and max(joined.train["length"]) > 14
+    assert len(joined.train) == (len(short.train) + 1) // 2  # groups of two by default
+    fours = run.prepare_data(
+        arguments.parse_args([*flags, "--concat_probability", "1.0", "--concat_group_sizes", "4"])
+    )
+    assert len(fours.train) == (len(short.train) + 3) // 4

@@ -6,7 +6,6 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from conftest import DATA_DIR, tiny_run_flags
 
 from hf_posenc.pipeline.training import arguments, run
 from hf_posenc.pipeline.training.schedule import BudgetSchedule, SchedulePlan
@@ -113,8 +112,7 @@ def test_explicit_schedule_flags_and_the_update_budgeted_recipe_keep_the_fixed_s
     assert not arguments.parse_args(["--recipe", "multi30k-en-de-compare"]).planned_schedule
 
 
-@pytest.mark.skipif(not DATA_DIR.is_dir(), reason="shared data folder absent")
-def test_a_budgeted_run_records_its_plan_in_scores_and_card(tmp_path):
+def test_a_budgeted_run_records_its_plan_in_scores_and_card(tmp_path, tiny_run_flags):
     flags = [
         *tiny_run_flags(),
         "--minutes",

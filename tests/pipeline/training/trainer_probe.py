@@ -1,7 +1,7 @@
 """A tiny real training run that records what each process saw; used by the DDP, resume and loss tests.
 
-    python tests/trainer_probe.py OUT --max_steps 6 [--update_freq 2] [--save_steps 2] [--resume]
-    torchrun --nproc_per_node 2 tests/trainer_probe.py OUT --max_steps 4
+    python tests/pipeline/training/trainer_probe.py OUT --max_steps 6 [--update_freq 2] [--save_steps 2] [--resume]
+    torchrun --nproc_per_node 2 tests/pipeline/training/trainer_probe.py OUT --max_steps 4
 
 Writes OUT/rank<r>.json: the fingerprint of every batch the process trained on (by global step), the
 logged losses, and a checksum of the final parameters.
@@ -14,11 +14,10 @@ import os
 from pathlib import Path
 
 import torch
-from conftest import DATA_DIR  # run as a script, its folder (tests/) is on the path
 from transformers import DataCollatorForSeq2Seq, Seq2SeqTrainingArguments
 
 from hf_posenc import MarianPosEncConfig, MarianPosEncForConditionalGeneration  # noqa: E402
-from hf_posenc.pipeline.data.files import read_split  # noqa: E402
+from hf_posenc.pipeline.data.files import data_root, read_split  # noqa: E402
 from hf_posenc.pipeline.data.tokenization import train_joint_bpe  # noqa: E402
 from hf_posenc.pipeline.training.trainer import TranslationTrainer, leave_process_group, tokenize_parallel  # noqa: E402
 
@@ -46,7 +45,7 @@ def build_trainer(
     dropout=0.0,
     pairs=400,
 ):
-    text = read_split(DATA_DIR, "val", "en", "de", limit=pairs)
+    text = read_split(data_root() / "multi30k", "val", "en", "de", limit=pairs)
     tokenizer = train_joint_bpe(text.source + text.target, vocab_size=500)
     dataset = tokenize_parallel(tokenizer, text.source, text.target, max_length=128)
     torch.manual_seed(0)

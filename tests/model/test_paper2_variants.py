@@ -5,9 +5,7 @@ import math
 
 import pytest
 import torch
-from conftest import decode_with_cache, source_batch, target_batch, tiny_config, tiny_model
 
-from hf_posenc import TOKEN_MIXERS
 from hf_posenc.base import (
     DECODER_SELF_ATTENTION,
     ENCODER_SELF_ATTENTION,
@@ -17,8 +15,9 @@ from hf_posenc.base import (
 from hf_posenc.mixer_lightconv import LightConv
 from hf_posenc.mixer_relative import RelativeAttention
 from study.tables import comparison_tables
+from tests.helpers import decode_with_cache
 
-D, H, DH = 32, 4, 8  # conftest.TINY_FIELDS
+D, H, DH = 32, 4, 8  # tests.helpers.TINY_FIELDS
 gelu = torch.nn.functional.gelu
 SITES = [ENCODER_SELF_ATTENTION, DECODER_SELF_ATTENTION]
 
@@ -62,7 +61,7 @@ def merge_heads(x):
 
 @pytest.mark.parametrize("gated", [True, False], ids=["gated", "ungated"])
 @pytest.mark.parametrize("site", SITES)
-def test_relative_attention_follows_its_equation_pair_by_pair(site, gated):
+def test_relative_attention_follows_its_equation_pair_by_pair(site, gated, tiny_config):
     """scores = q_n · a^K[clip(m − n, K)]ᵀ/√D_h, masked (padding, causality), softmax over the keys, values from
     the tokens (LayerNorm(GELU(W^V x)) when gated), gate GELU(W^G y) when gated, then W^O; offsets up to ±8 reach
     beyond K = 2, so clipping is exercised."""
@@ -95,7 +94,7 @@ def test_relative_attention_follows_its_equation_pair_by_pair(site, gated):
 
 
 @pytest.mark.parametrize("site", SITES)
-def test_relative_attention_weights_ignore_the_key_tokens_contents(site):
+def test_relative_attention_weights_ignore_the_key_tokens_contents(site, tiny_config):
     """Token–position interactions only: changing one token changes the weights of its own query row and nothing
     else (no query–key dot product), while the outputs of the queries that read it change through its value."""
     torch.manual_seed(0)
@@ -114,7 +113,7 @@ def test_relative_attention_weights_ignore_the_key_tokens_contents(site):
 
 
 @pytest.mark.parametrize("site", SITES)
-def test_relative_attention_gives_the_same_output_for_every_mask_form(site):
+def test_relative_attention_gives_the_same_output_for_every_mask_form(site, tiny_config):
     """transformers hands a mixer no mask (unpadded; causal implied in the decoder), a boolean mask (SDPA) or an
     additive float mask (eager): all three give the same output."""
     torch.manual_seed(0)
@@ -131,7 +130,7 @@ def test_relative_attention_gives_the_same_output_for_every_mask_form(site):
         torch.testing.assert_close(output, outputs[0])
 
 
-def test_relative_attention_has_queries_and_relative_keys_but_no_key_projection_or_value_table():
+def test_relative_attention_has_queries_and_relative_keys_but_no_key_projection_or_value_table(tiny_model):
     """Paper 2 Table 6's counts (63.6M vs the Transformer's 66.5M): content attention minus W^K, plus one
     (2K+1) × D table a^K per self-attention site and no a^V; gating adds W^G and the value LayerNorm (Eq. 4)."""
     fixed = dict(position_encoding="sinusoidal", relative_attention_max_relative_position=3)
@@ -152,7 +151,7 @@ def test_relative_attention_has_queries_and_relative_keys_but_no_key_projection_
     }
 
 
-def test_relative_attention_defaults_and_sites():
+def test_relative_attention_defaults_and_sites(tiny_config):
     """Gated by default with K = 16 (paper 2 §5.2) and no input position embedding of its own (like Shaw); the
     ungated counterpart is a variant and a row of the gating table; cross-attention is refused by name."""
     config = tiny_config(
@@ -169,7 +168,7 @@ def test_relative_attention_defaults_and_sites():
         tiny_config(cross_attention="relative_attention")
 
 
-def test_relative_attention_draws_the_similarity_of_its_relative_keys():
+def test_relative_attention_draws_the_similarity_of_its_relative_keys(tiny_model):
     """What relative attention learned about positions is a^K: one (2K+1) × (2K+1) cosine-similarity map per
     layer and site, drawn without changing the model."""
     from hf_posenc.analysis.position_plots import position_panels
@@ -208,7 +207,9 @@ MIXERS_AT_BOTH_SITES = {
 
 
 @pytest.mark.parametrize("overrides", MIXERS_AT_BOTH_SITES.values(), ids=MIXERS_AT_BOTH_SITES.keys())
-def test_clipped_windows_decode_exactly_with_the_cache_and_ignore_padding(overrides):
+def test_clipped_windows_decode_exactly_with_the_cache_and_ignore_padding(
+    overrides, source_batch, target_batch, tiny_model
+):
     """With a window of one or three keys, the 9 target and up to 11 source tokens reach far beyond it (the
     conformance suite's K = 16 never does): incremental decoding equals the full forward, and padding a row
     does not change its logits."""
@@ -240,7 +241,7 @@ def convolve(values, kernel, site, radius):
 
 
 @pytest.mark.parametrize("site", SITES)
-def test_light_convolution_without_glu_convolves_the_plain_values(site):
+def test_light_convolution_without_glu_convolves_the_plain_values(site, tiny_config):
     """Table 7 "Light Convolution": Eq. 14 with W^V x (D → D) in place of GLU(W^V x), and no gate."""
     torch.manual_seed(0)
     mixer = LightConv(tiny_config(lightconv_kernel_radius=2, lightconv_gating="none"), site, 0).eval()
@@ -252,7 +253,7 @@ def test_light_convolution_without_glu_convolves_the_plain_values(site):
 
 
 @pytest.mark.parametrize("site", SITES)
-def test_gelu_gating_replaces_glu_with_eq_4(site):
+def test_gelu_gating_replaces_glu_with_eq_4(site, tiny_config):
     """Table 7 "+ GeLU Gating": [Σ_k softmax(W_h)_k · LayerNorm(GELU(W^V x))_{n+k−K}] ⊙ GELU(W^G y_n), then W^O."""
     torch.manual_seed(0)
     mixer = LightConv(tiny_config(lightconv_kernel_radius=2, lightconv_gating="gelu"), site, 0).eval()
@@ -267,7 +268,7 @@ def test_gelu_gating_replaces_glu_with_eq_4(site):
 
 
 @pytest.mark.parametrize("site", SITES)
-def test_global_context_spreads_the_outer_taps_over_the_whole_sequence(site):
+def test_global_context_spreads_the_outer_taps_over_the_whole_sequence(site, tiny_config):
     """Table 7 "+ Global Context": w_nm = exp W_h[clip(tap, 0, 2K)] / Σ_m' exp W_h[clip(tap', 0, 2K)] over the keys
     the row may read (padding, causality); far keys weigh what the outermost key of the window weighs."""
     torch.manual_seed(0)
@@ -297,7 +298,7 @@ def test_global_context_spreads_the_outer_taps_over_the_whole_sequence(site):
     assert (unpadded[:, 8, : 8 - left_edge] > 0).all()  # global: the far keys are read, not cut off
 
 
-def test_lightconv_defaults_keep_the_glu_model_with_a_local_window():
+def test_lightconv_defaults_keep_the_glu_model_with_a_local_window(tiny_config):
     """The new options default to the model Eq. 14 describes: GLU values (W^V: D → 2D), no Eq. 4 gate, no weight
     on keys outside the window; unknown gatings are refused with the allowed names."""
     config = tiny_config(encoder_self_attention="lightconv", decoder_self_attention="lightconv")
@@ -311,42 +312,3 @@ def test_lightconv_defaults_keep_the_glu_model_with_a_local_window():
         ValueError, match="lightconv_gating='glu_gelu' is not known; allowed values: glu, none, gelu"
     ):
         tiny_config(lightconv_gating="glu_gelu")
-
-
-def test_the_lightconv_chain_follows_table_7_and_every_row_builds():
-    """Paper 2 Table 7 in order: Transformer, Shaw, Light Convolution (no GLU), LightConv, + GeLU gating,
-    + global context, rPosNet (its main system, learned input embeddings); each row is a valid model."""
-    rows = comparison_tables()["lightconv_chain"]
-    assert [row.name for row in rows] == [
-        "sinusoidal",
-        "shaw",
-        "lightconv-no-glu",
-        "lightconv",
-        "lightconv+gelu-gating",
-        "lightconv+gelu-gating+global-context",
-        "rposnet",
-    ]
-    expected = {  # (gating, global context) of the lightconv rows
-        "lightconv-no-glu": ("none", False),
-        "lightconv": ("glu", False),
-        "lightconv+gelu-gating": ("gelu", False),
-        "lightconv+gelu-gating+global-context": ("gelu", True),
-    }
-    for row in rows:
-        model = tiny_model(**row.overrides)
-        encoder_mixer = model.model.encoder.layers[0].self_attn
-        if row.name in expected:
-            assert type(encoder_mixer) is LightConv
-            assert (model.config.lightconv_gating, model.config.lightconv_global_context) == expected[
-                row.name
-            ]
-            assert model.config.encoder_position_encoding == "sinusoidal"  # paper 2 §5.2
-        with torch.no_grad():
-            logits = model(input_ids=source_batch()[0], decoder_input_ids=target_batch()).logits
-        assert torch.isfinite(logits).all()
-    rposnet = tiny_model(**rows[-1].overrides)
-    assert type(rposnet.model.decoder.layers[0].self_attn) is TOKEN_MIXERS["rposnet"]
-    assert rposnet.config.encoder_position_encoding == "learned"
-    assert (
-        type(tiny_model(**rows[1].overrides).model.encoder.layers[0].self_attn) is TOKEN_MIXERS["attention"]
-    )

@@ -1,0 +1,124 @@
+"""The one decoding loop and model loader (pipeline/evaluation/decoding.py): progress shown without changing the
+output, texts and token ids translate alike, bf16 decoding under autocast, and settings or folders that would
+decode garbage refused by name."""
+
+import io
+import logging
+import math
+
+import pytest
+import torch
+
+from hf_posenc.pipeline.data.tokenization import train_joint_bpe
+from hf_posenc.pipeline.evaluation.decoding import load_translation_model, translate
+
+
+def test_unreadable_weights_and_folders_without_tokenizer_name_the_folder(tmp_path, tiny_model):
+    model = tiny_model()
+    model.save_pretrained(tmp_path / "model")
+    with pytest.raises(ValueError, match="has no tokenizer"):
+        load_translation_model(tmp_path / "model")
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        load_translation_model(tmp_path / "nothing")
+    weights = tmp_path / "model" / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:100])
+    with pytest.raises(ValueError, match=r"the weights in .*model cannot be read \(truncated or damaged\?\)"):
+        type(model).from_pretrained(tmp_path / "model")
+
+
+class Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+SOURCES = ["a dog runs", "a man", "two dogs run on the grass", "a woman reads", "children play"]
+
+
+@pytest.fixture(scope="module")
+def model_and_tokenizer(tiny_model):
+    tokenizer = train_joint_bpe(SOURCES * 3, vocab_size=60)
+    return tiny_model(max_position_embeddings=64), tokenizer
+
+
+def test_decoding_progress_is_logged_off_a_terminal_without_changing_the_translations(
+    model_and_tokenizer, caplog
+):
+    model, tokenizer = model_and_tokenizer
+    caplog.set_level(logging.INFO, logger="hf_posenc.pipeline.training.progress")
+    kwargs = dict(batch_size=2, num_beams=1, max_new_tokens=4)
+    logged = translate(
+        model, tokenizer, SOURCES, progress_every_seconds=0, progress_stream=io.StringIO(), **kwargs
+    )
+    lines = [record.getMessage() for record in caplog.records]
+    assert [line.split(",")[0] for line in lines] == [
+        "decoding: 2/5 sentences",
+        "decoding: 4/5 sentences",
+        "decoding: 5/5 sentences",
+    ]
+    terminal = Terminal()
+    shown = translate(model, tokenizer, SOURCES, progress_stream=terminal, **kwargs)
+    assert "100%|" in terminal.getvalue() and "5/5 sentences" in terminal.getvalue()
+    assert logged == shown
+
+
+def test_texts_and_their_token_ids_translate_alike(model_and_tokenizer):
+    """One `translate` for the scripts and the word-order probe (issue #47): token ids made by the tokenizer
+    (the probe's permuted sources) decode exactly as the texts they come from."""
+    model, tokenizer = model_and_tokenizer
+    kwargs = dict(batch_size=2, num_beams=2, max_new_tokens=4)
+    ids = [tokenizer(sentence)["input_ids"] for sentence in SOURCES]
+    assert translate(model, tokenizer, ids, **kwargs) == translate(model, tokenizer, SOURCES, **kwargs)
+
+
+def test_bf16_translation_decodes_under_bf16_autocast(model_and_tokenizer, monkeypatch):
+    model, tokenizer = model_and_tokenizer
+    autocast_seen = []
+    generate = model.generate
+
+    def recording_generate(*args, **kwargs):
+        autocast_seen.append(
+            torch.is_autocast_enabled("cpu") and torch.get_autocast_dtype("cpu") == torch.bfloat16
+        )
+        return generate(*args, **kwargs)
+
+    monkeypatch.setattr(model, "generate", recording_generate)
+    translate(model, tokenizer, SOURCES, batch_size=8, bf16=True, max_new_tokens=2)
+    translate(model, tokenizer, SOURCES, batch_size=8, max_new_tokens=2)
+    assert autocast_seen == [True, False]
+
+
+# id: (decoding settings given to translate, or saved in the model's generation config; words of the error)
+TRANSLATE_FAULTS = {
+    "nan-length-penalty-given": (
+        {"length_penalty": math.nan},
+        {},
+        ["length_penalty=nan must be a finite number", "given to translate"],
+    ),
+    "nan-length-penalty-saved": (
+        {},
+        {"length_penalty": math.nan},
+        ["length_penalty=nan must be a finite number", "in the model's generation_config.json"],
+    ),
+    "infinite-length-penalty": (
+        {"length_penalty": math.inf},
+        {},
+        ["length_penalty=inf must be a finite number"],
+    ),
+    "no-new-tokens": ({"max_new_tokens": 0}, {}, ["max_new_tokens=0 must be at least 1"]),
+    "batch-size-0": ({"batch_size": 0}, {}, ["batch_size=0 must be at least 1"]),
+    "fractional-batch-size": ({"batch_size": 2.5}, {}, ["batch_size=2.5 must be a whole number at least 1"]),
+}
+
+
+@pytest.mark.parametrize("given, saved, words", list(TRANSLATE_FAULTS.values()), ids=list(TRANSLATE_FAULTS))
+def test_translate_refuses_settings_that_decode_garbage(
+    given, saved, words, bpe_tokenizer, monkeypatch, tiny_model
+):
+    """A NaN length penalty ranks every beam alike: the output collapses and nothing fails. Refused."""
+    model = tiny_model()
+    model.generation_config.update(**saved)
+    monkeypatch.setattr(model, "generate", lambda *args, **kwargs: pytest.fail("decoded"))
+    with pytest.raises(ValueError) as error:
+        translate(model, bpe_tokenizer, SOURCES, **given)
+    for word in words:
+        assert word in str(error.value)

@@ -1,0 +1,128 @@
+"""No lost runs (pipeline/training/resume.py): a finished run is not overwritten without asking, resuming skips a
+half-written or damaged checkpoint, makes no update past the budget, counts the time already spent and must
+repeat the settings it continues."""
+
+import json
+import shutil
+
+import pytest
+
+from hf_posenc.pipeline.training import arguments, resume, run
+from hf_posenc.pipeline.training.trainer import TimeBudgetCallback
+
+
+def tiny_job_flags(tiny_run_flags, tmp_path):
+    return [
+        *tiny_run_flags(),
+        "--minutes",
+        "0",
+        "--output_dir",
+        str(tmp_path / "run"),
+    ]
+
+
+def test_a_finished_run_is_not_overwritten_without_asking(tmp_path, tiny_run_flags):
+    flags = tiny_job_flags(tiny_run_flags, tmp_path)
+    first = run.main([*flags, "--max_steps", "2"])
+    with pytest.raises(ValueError, match="already hold a run; resume it with --resume_from_checkpoint last"):
+        run.main([*flags, "--max_steps", "3"])
+    assert json.loads((tmp_path / "run" / "scores.json").read_text())["steps"] == first["steps"] == 2
+    assert run.main([*flags, "--max_steps", "3", "--overwrite_output_dir"])["steps"] == 3
+    assert not (tmp_path / "run.partial").exists()  # the folder is written beside and renamed into place
+
+
+def test_resuming_last_skips_a_half_written_checkpoint(tmp_path, caplog, tiny_run_flags):
+    flags = tiny_job_flags(tiny_run_flags, tmp_path)
+    run.main([*flags, "--max_steps", "2", "--save_strategy", "steps", "--save_steps", "1"])
+    checkpoints = tmp_path / "run-checkpoints"
+    (checkpoints / "checkpoint-2" / "trainer_state.json").unlink()  # cut off while being written
+    args = arguments.parse_args([*flags, "--max_steps", "4", "--resume_from_checkpoint", "last"])
+    assert resume.resume_checkpoint(args) == str(checkpoints / "checkpoint-1")
+    assert "checkpoint-2 is incomplete (no trainer_state.json): trying the one before" in caplog.text
+    scores = run.main([*flags, "--max_steps", "4", "--resume_from_checkpoint", "last"])
+    # the record says which updates this attempt made, not "4 updates in <this attempt's minutes>"
+    assert (scores["steps"], scores["updates_this_attempt"], scores["resumed_from"]) == (4, 3, "checkpoint-1")
+    assert "4 updates (3 of them in this attempt's" in (tmp_path / "run" / "README.md").read_text()
+
+
+def test_resuming_a_run_cut_off_after_its_last_checkpoint_makes_no_further_update(tmp_path, tiny_run_flags):
+    """The Trainer's loop checks the budget only after an update: resuming at the budget must not call it."""
+    flags = tiny_job_flags(tiny_run_flags, tmp_path)
+    first = run.main([*flags, "--max_steps", "2", "--save_strategy", "steps", "--save_steps", "1"])
+    weights = (tmp_path / "run" / "model.safetensors").read_bytes()
+    shutil.rmtree(tmp_path / "run")  # cut off while decoding: the checkpoints hold the whole budget
+    again = run.main(
+        [
+            *flags,
+            "--max_steps",
+            "2",
+            "--save_strategy",
+            "steps",
+            "--save_steps",
+            "1",
+            "--resume_from_checkpoint",
+            "last",
+        ]
+    )
+    assert (again["steps"], again["updates_this_attempt"], again["resumed_from"]) == (2, 0, "checkpoint-2")
+    assert not (tmp_path / "run-checkpoints" / "checkpoint-3").exists()
+    assert (tmp_path / "run" / "model.safetensors").read_bytes() == weights and again["bleu"] == first["bleu"]
+
+
+def test_a_resumed_time_budget_counts_the_time_already_spent():
+    """The time spent is saved with each checkpoint (TrainerState.stateful_callbacks) and read back on resume."""
+
+    class State:
+        stateful_callbacks = {
+            "TimeBudgetCallback": {"args": {"minutes": 1.0}, "attributes": {"spent_seconds": 50.0}}
+        }
+
+    budget = TimeBudgetCallback(minutes=1.0)
+    budget.on_train_begin(None, State(), None)
+    assert budget.spent_seconds == 50.0 and budget.state()["attributes"]["spent_seconds"] == 50.0
+
+    class Control:
+        should_training_stop = False
+
+    control = Control()
+    budget.start -= 11  # eleven more seconds of training pass
+    budget.on_step_end(None, State(), control)
+    assert control.should_training_stop
+
+
+def test_a_checkpoint_with_truncated_weights_is_named_and_skipped(tmp_path, caplog, tiny_run_flags):
+    flags = tiny_job_flags(tiny_run_flags, tmp_path)
+    run.main([*flags, "--max_steps", "2", "--save_strategy", "steps", "--save_steps", "1"])
+    weights = tmp_path / "run-checkpoints" / "checkpoint-2" / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:64])
+    args = arguments.parse_args([*flags, "--max_steps", "4", "--resume_from_checkpoint", "last"])
+    assert resume.resume_checkpoint(args).endswith("checkpoint-1")
+    assert "checkpoint-2/model.safetensors cannot be read" in caplog.text
+    explicit = arguments.parse_args(
+        [*flags, "--max_steps", "4", "--resume_from_checkpoint", str(weights.parent)]
+    )
+    with pytest.raises(ValueError, match="checkpoint-2/model.safetensors cannot be read"):
+        resume.resume_checkpoint(explicit)
+
+
+def test_resuming_with_another_learning_rate_or_module_is_refused_naming_both(tmp_path, tiny_run_flags):
+    """The restored scheduler would ignore a new learning rate while the card recorded it; another module would
+    fail deep inside the optimizer. A resumed run must repeat the settings it continues."""
+    flags = [
+        *tiny_job_flags(tiny_run_flags, tmp_path),
+        "--max_steps",
+        "2",
+        "--save_strategy",
+        "steps",
+        "--save_steps",
+        "1",
+    ]
+    run.main(flags)
+    resume = [*flags, "--max_steps", "3", "--resume_from_checkpoint", "last"]
+    with pytest.raises(ValueError, match=r"learning_rate=0\.001 \(the run resumed: 0\.002\)"):
+        run.main([*resume, "--learning_rate", "0.001"])
+    with pytest.raises(
+        ValueError, match=r"encoder_position_encoding='learned' \(the run resumed: 'sinusoidal'\)"
+    ):
+        run.main([*resume, "--position_encoding", "learned"])
+    assert run.main(resume)["steps"] == 3
