@@ -71,6 +71,16 @@ def parse_args(argv):
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
+    add_workload_flags(parser)
+    add_machine_flags(parser)
+    add_phase_and_output_flags(parser)
+    args = parser.parse_args(argv)
+    resolve_settings(args)
+    return args
+
+
+def add_workload_flags(parser) -> None:
+    """The systems, the model size, and the lengths, batches and repeats each phase measures."""
     parser.add_argument(
         "--systems", nargs="+", help=f"subset (the baseline {STOCK_MARIAN!r} is always added)"
     )
@@ -91,6 +101,11 @@ def parse_args(argv):
     )
     parser.add_argument("--decode_prefixes", nargs="+", type=int, default=[10, 25, 50, 100, 200, 400])
     parser.add_argument("--repeats", type=int, default=5)
+
+
+def add_machine_flags(parser) -> None:
+    """Where and how the systems run: threads, device, precision, attention kernel, seed, the MFU peak, the
+    position table."""
     parser.add_argument("--threads", type=int, default=1, help="CPU threads (torch.set_num_threads)")
     parser.add_argument(
         "--device",
@@ -121,6 +136,10 @@ def parse_args(argv):
     parser.add_argument(
         "--max_positions", type=int, help="max_position_embeddings (default: the longest length measured)"
     )
+
+
+def add_phase_and_output_flags(parser) -> None:
+    """The phases measured (and whether compiled training joins them), and the folder the page goes to."""
     parser.add_argument(
         "--phases",
         nargs="+",
@@ -140,7 +159,11 @@ def parse_args(argv):
         default=Path("docs"),
         help="writes benchmarks.md/.json/_*.png for --config small, benchmarks-<config>.* for the other sizes",
     )
-    args = parser.parse_args(argv)
+
+
+def resolve_settings(args) -> None:
+    """The settings derived from the flags: the precision and attention kernel chosen (measured where auto),
+    the default lengths for the device, and the stem of the files written."""
     size = MODEL_SIZES[args.config]
     args.precision_choice = choose_precision(
         args.precision, args.device, size["d_model"], size["encoder_ffn_dim"]
@@ -157,7 +180,6 @@ def parse_args(argv):
         args.lengths = [32, 128, 512] + ([1024] if torch.device(args.device).type == "cuda" else [])
     args.forward_lengths = args.forward_lengths or args.lengths
     args.stem = "benchmarks" if args.config == "small" else f"benchmarks-{args.config}"
-    return args
 
 
 def select_systems(names: list[str] | None) -> list[System]:
