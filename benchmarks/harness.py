@@ -212,19 +212,10 @@ def benchmark_training_steps(
     results = []
     for length in lengths:
         batch_size = max(1, tokens_per_batch // length)
-        models = {name: build_model(base_fields, overrides, device) for name, overrides in variants.items()}
-        if compile:
-            for name, overrides in variants.items():
-                models[name + COMPILED] = torch.compile(build_model(base_fields, overrides, device))
+        models = training_models(variants, base_fields, device, compile)
         optimizers = {name: training_optimizer(model) for name, model in models.items()}
         batch = synthetic_batch(next(iter(models.values())).config, batch_size, length, device)
-        first_step = {}
-        for name in (name for name in models if name.endswith(COMPILED)):
-            synchronize(device)
-            start = time.perf_counter()
-            training_step(models[name], optimizers[name], batch, device, autocast_dtype)
-            synchronize(device)
-            first_step[name] = time.perf_counter() - start
+        first_step = first_compiled_steps(models, optimizers, batch, device, autocast_dtype)
         work = {
             name: training_run(
                 models[name], optimizers[name], batch, steps_per_repeat, device, autocast_dtype
@@ -232,30 +223,72 @@ def benchmark_training_steps(
             for name in models
         }
         seconds = interleaved_median_seconds(work, repeats, device)
-        flops = {}
-        for name, model in models.items():
-            compiled = name.endswith(COMPILED)
-            memory = (
-                None
-                if compiled and torch.device(device).type != "cuda"
-                else training_memory_bytes(model, optimizers[name], batch, device, autocast_dtype)
+        tokens = {name: batch_size * length * steps_per_repeat / seconds[name] for name in models}
+        results += step_results(
+            models, optimizers, batch, length, tokens, first_step, device, autocast_dtype, count_flops
+        )
+    return results
+
+
+def training_models(variants: dict[str, dict | None], base_fields: dict, device, compile: bool) -> dict:
+    """Every variant's model, then, with `compile`, every variant again under `torch.compile` (same seed, so
+    same weights at the start)."""
+    models = {name: build_model(base_fields, overrides, device) for name, overrides in variants.items()}
+    if compile:
+        for name, overrides in variants.items():
+            models[name + COMPILED] = torch.compile(build_model(base_fields, overrides, device))
+    return models
+
+
+def first_compiled_steps(models: dict, optimizers: dict, batch, device, autocast_dtype) -> dict[str, float]:
+    """Seconds of each compiled model's first training step, compilation included."""
+    first_step = {}
+    for name in (name for name in models if name.endswith(COMPILED)):
+        synchronize(device)
+        start = time.perf_counter()
+        training_step(models[name], optimizers[name], batch, device, autocast_dtype)
+        synchronize(device)
+        first_step[name] = time.perf_counter() - start
+    return first_step
+
+
+def step_results(
+    models: dict,
+    optimizers: dict,
+    batch,
+    length: int,
+    tokens_per_second: dict[str, float],
+    first_step: dict[str, float],
+    device,
+    autocast_dtype,
+    count_flops: bool,
+) -> list[StepResult]:
+    """One length's results: the measured speed with each model's memory, parameters and (eager) FLOPs per
+    token; each model's optimizer state is freed once the model is measured."""
+    batch_tokens = batch["labels"].numel()  # batch size × length
+    results, flops = [], {}
+    for name, model in models.items():
+        compiled = name.endswith(COMPILED)
+        memory = (
+            None
+            if compiled and torch.device(device).type != "cuda"
+            else training_memory_bytes(model, optimizers[name], batch, device, autocast_dtype)
+        )
+        parameters = model.num_parameters(only_trainable=True)
+        if count_flops and not compiled:  # eager variants come first: the compiled twin reuses them
+            flops[name] = training_flops(model, batch, device, autocast_dtype) / batch_tokens
+        results.append(
+            StepResult(
+                name,
+                length,
+                tokens_per_second[name],
+                memory,
+                parameters,
+                flops.get(name.removesuffix(COMPILED)),
+                first_step.get(name),
             )
-            tokens_per_second = batch_size * length * steps_per_repeat / seconds[name]
-            parameters = model.num_parameters(only_trainable=True)
-            if count_flops and not compiled:  # eager variants come first: the compiled twin reuses them
-                flops[name] = training_flops(model, batch, device, autocast_dtype) / (batch_size * length)
-            results.append(
-                StepResult(
-                    name,
-                    length,
-                    tokens_per_second,
-                    memory,
-                    parameters,
-                    flops.get(name.removesuffix(COMPILED)),
-                    first_step.get(name),
-                )
-            )
-            del optimizers[name]  # free the optimizer state before the next length's models
+        )
+        del optimizers[name]  # free the optimizer state before the next length's models
     return results
 
 
