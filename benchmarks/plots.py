@@ -21,7 +21,19 @@ def write_plots(results: dict, systems: list[System], args) -> list[str]:
     """The throughput panels of the phases measured (training, forward) and the decoding-time plot."""
     paths = []
     metadata = {"Description": "systems: " + ", ".join(system.name for system in systems)}  # PNG text chunk
-    panels = [
+    panels = throughput_panels(results, args)
+    if panels:
+        paths.append(args.output_dir / f"{args.stem}_throughput.png")
+        write_throughput_plot(panels, systems, paths[-1], metadata)
+    if "decode_ms" in results:
+        paths.append(args.output_dir / f"{args.stem}_decode.png")
+        write_decode_plot(results["decode_ms"], systems, args.decode_prefixes, paths[-1], metadata)
+    return [path.name for path in paths]
+
+
+def throughput_panels(results: dict, args) -> list[tuple[dict, list[int], str]]:
+    """(throughput by `<system>@<length>`, lengths, title) of each phase measured: training, forward."""
+    return [
         (measured, lengths, title)
         for key, measured, lengths, title in (
             (
@@ -39,42 +51,45 @@ def write_plots(results: dict, systems: list[System], args) -> list[str]:
         )
         if key in results
     ]
-    if panels:
-        figure, axes = plt.subplots(1, len(panels), figsize=(6 * len(panels), 5), squeeze=False)
-        for axis, (measured, lengths, title) in zip(axes[0], panels, strict=True):
-            for index, system in enumerate(systems):
-                points = [
-                    (n, measured[f"{system.name}@{n}"] / measured[f"{STOCK_MARIAN}@{n}"])
-                    for n in lengths
-                    if f"{system.name}@{n}" in measured  # inference-only systems have no training numbers
-                ]
-                if points:
-                    axis.plot(
-                        *zip(*points, strict=True), marker="o", label=system.name, **line_style(index, system)
-                    )
-            axis.set(xlabel="source = target length", ylabel="throughput / stock Marian", title=title)
-            axis.set_xscale("log", base=2)
-            axis.minorticks_off()
-            axis.set_xticks(lengths, [str(n) for n in lengths])
-            axis.grid(alpha=0.3)
-        axes[0][-1].legend(fontsize=7, ncol=2)
-        figure.tight_layout()
-        paths.append(args.output_dir / f"{args.stem}_throughput.png")
-        figure.savefig(paths[-1], dpi=110, metadata=metadata)
-        plt.close(figure)
-    if "decode_ms" in results:
-        figure, axis = plt.subplots(figsize=(7, 5))
+
+
+def write_throughput_plot(panels: list, systems: list[System], path, metadata: dict) -> None:
+    """One panel per phase: each system's throughput over the baseline's against the length."""
+    figure, axes = plt.subplots(1, len(panels), figsize=(6 * len(panels), 5), squeeze=False)
+    for axis, (measured, lengths, title) in zip(axes[0], panels, strict=True):
         for index, system in enumerate(systems):
-            milliseconds = [results["decode_ms"][f"{system.name}@{p}"] for p in args.decode_prefixes]
-            axis.plot(
-                args.decode_prefixes, milliseconds, marker="o", label=system.name, **line_style(index, system)
-            )
-        axis.set(xlabel="prefix length (tokens in the cache)", ylabel="ms per greedy decoding step (batch 1)")
-        axis.set(title="per-token decoding time vs prefix")
+            points = [
+                (n, measured[f"{system.name}@{n}"] / measured[f"{STOCK_MARIAN}@{n}"])
+                for n in lengths
+                if f"{system.name}@{n}" in measured  # inference-only systems have no training numbers
+            ]
+            if points:
+                axis.plot(
+                    *zip(*points, strict=True), marker="o", label=system.name, **line_style(index, system)
+                )
+        axis.set(xlabel="source = target length", ylabel="throughput / stock Marian", title=title)
+        axis.set_xscale("log", base=2)
+        axis.minorticks_off()
+        axis.set_xticks(lengths, [str(n) for n in lengths])
         axis.grid(alpha=0.3)
-        axis.legend(fontsize=7, ncol=2)
-        figure.tight_layout()
-        paths.append(args.output_dir / f"{args.stem}_decode.png")
-        figure.savefig(paths[-1], dpi=110, metadata=metadata)
-        plt.close(figure)
-    return [path.name for path in paths]
+    axes[0][-1].legend(fontsize=7, ncol=2)
+    figure.tight_layout()
+    figure.savefig(path, dpi=110, metadata=metadata)
+    plt.close(figure)
+
+
+def write_decode_plot(
+    decode_ms: dict, systems: list[System], prefixes: list[int], path, metadata: dict
+) -> None:
+    """Each system's milliseconds per greedy decoding step against the prefix length."""
+    figure, axis = plt.subplots(figsize=(7, 5))
+    for index, system in enumerate(systems):
+        milliseconds = [decode_ms[f"{system.name}@{p}"] for p in prefixes]
+        axis.plot(prefixes, milliseconds, marker="o", label=system.name, **line_style(index, system))
+    axis.set(xlabel="prefix length (tokens in the cache)", ylabel="ms per greedy decoding step (batch 1)")
+    axis.set(title="per-token decoding time vs prefix")
+    axis.grid(alpha=0.3)
+    axis.legend(fontsize=7, ncol=2)
+    figure.tight_layout()
+    figure.savefig(path, dpi=110, metadata=metadata)
+    plt.close(figure)
