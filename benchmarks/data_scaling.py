@@ -102,7 +102,29 @@ def measure(flags: list[str], workdir: Path, name: str) -> dict:
         "--",
         *flags,
     ]
-    log = (workdir / f"{name}.log").open("w")
+    log_path = workdir / f"{name}.log"
+    code, peak = run_sampling_memory(command, log_path)
+    if code:
+        raise RuntimeError(f"run {name} failed (exit {code}); see {log_path}")
+    wall, max_rss_kb = rusage_path.read_text().split()[-2:]
+    timings = json.loads(timings_path.read_text())
+    return {
+        "run": name,
+        "cache": timings["data"]["cache"],
+        "pairs": timings["data"]["pairs_read"],
+        "examples": timings["data"]["examples"],
+        "wall_seconds": float(wall),
+        "prepare_seconds": round(timings["prepare_seconds"], 1),
+        "peak_tree_rss_gb": round(peak / 1e9, 2),
+        "peak_process_rss_gb": round(int(max_rss_kb) * 1024 / 1e9, 2),
+        **loading_figures(timings),
+    }
+
+
+def run_sampling_memory(command: list[str], log_path: Path) -> tuple[int, int]:
+    """Run `command` with its output in `log_path`; its exit code and the peak resident memory (bytes) of its
+    process tree, sampled every `SAMPLE_SECONDS`."""
+    log = log_path.open("w")
     process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
     peak = [0]
 
@@ -121,22 +143,16 @@ def measure(flags: list[str], workdir: Path, name: str) -> dict:
     code = process.wait()
     sampler.join()
     log.close()
-    if code:
-        raise RuntimeError(f"run {name} failed (exit {code}); see {workdir / f'{name}.log'}")
-    wall, max_rss_kb = rusage_path.read_text().split()[-2:]
-    timings = json.loads(timings_path.read_text())
+    return code, peak[0]
+
+
+def loading_figures(timings: dict) -> dict:
+    """The updates and the time spent fetching batches, from the child's timings (seconds since its start);
+    training time counts from the first fetch."""
     steps, fetches = timings["step_ends"], timings["fetches"]
     training = steps[-1] - timings["first_fetch_at"]
     first_step = steps[0] - timings["first_fetch_at"]
     return {
-        "run": name,
-        "cache": timings["data"]["cache"],
-        "pairs": timings["data"]["pairs_read"],
-        "examples": timings["data"]["examples"],
-        "wall_seconds": float(wall),
-        "prepare_seconds": round(timings["prepare_seconds"], 1),
-        "peak_tree_rss_gb": round(peak[0] / 1e9, 2),
-        "peak_process_rss_gb": round(int(max_rss_kb) * 1024 / 1e9, 2),
         "first_update_seconds": round(steps[0], 1),
         "updates": len(steps),
         "data_loading_share": round(sum(fetches) / training, 4),
