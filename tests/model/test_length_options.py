@@ -9,12 +9,12 @@ import json
 
 import pytest
 import torch
-from conftest import PAD, VOCAB, decode_with_cache, source_batch, target_batch, tiny_config, tiny_model
 from transformers import LlamaConfig
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
 from hf_posenc import MarianPosEncForConditionalGeneration
 from hf_posenc.base import ATTENTION_SITES, PositionContext
+from tests.helpers import PAD, VOCAB, decode_with_cache
 
 DRAWS = 48  # L of the randomized positions; the tiny models' tables hold 64
 DYNAMIC = {"rope_type": "dynamic", "factor": 2.0, "original_max_position_embeddings": 4}
@@ -57,7 +57,7 @@ def training_batch(batch=64, length=12):
 # Randomized positions
 
 
-def test_randomized_positions_are_sorted_distinct_and_in_range_in_training(monkeypatch):
+def test_randomized_positions_are_sorted_distinct_and_in_range_in_training(monkeypatch, tiny_model):
     """In training each real token's position is one of n sorted distinct draws from 0..L-1 (n the row's real
     tokens), rows and stacks draw differently, the spans bound the draws by L - 1, and cross-attention keeps
     the plain positions of both sides."""
@@ -82,7 +82,7 @@ def test_randomized_positions_are_sorted_distinct_and_in_range_in_training(monke
     torch.testing.assert_close(cross.key_positions, (mask.cumsum(-1) - 1).clamp(min=0), atol=0, rtol=0)
 
 
-def test_randomized_positions_are_a_uniform_subset_per_row_padded_or_not(monkeypatch):
+def test_randomized_positions_are_a_uniform_subset_per_row_padded_or_not(monkeypatch, tiny_model):
     """A row of n real tokens takes a uniform n-subset of 0..L-1: every position is drawn with probability n / L,
     in a padded row as in a full one (the first n of the batch's T sorted draws would favour small positions)."""
     model = tiny_model(position_encoding="sinusoidal", randomized_positions_max=16).train()
@@ -97,7 +97,9 @@ def test_randomized_positions_are_a_uniform_subset_per_row_padded_or_not(monkeyp
         torch.testing.assert_close(frequency, torch.full((16,), n / 16), atol=0.05, rtol=0)
 
 
-def test_randomized_positions_leave_inference_unchanged_and_deterministic():
+def test_randomized_positions_leave_inference_unchanged_and_deterministic(
+    tiny_model, source_batch, target_batch
+):
     """Only training draws: in eval mode the model gives the logits of the same model without the option, on
     every call."""
     src, mask = source_batch()
@@ -111,7 +113,7 @@ def test_randomized_positions_leave_inference_unchanged_and_deterministic():
 
 
 @pytest.mark.parametrize("name", ["rope", "alibi", "t5_bias", "learned", "posnet_embed"])
-def test_randomized_positions_reach_tables_rotations_and_biases(name):
+def test_randomized_positions_reach_tables_rotations_and_biases(name, tiny_model, source_batch, target_batch):
     """Without dropout, a training forward with randomized positions differs from one without (the positions
     reach the table, the rotation or the bias), and a model takes an optimizer step with finite loss and
     gradients."""
@@ -132,7 +134,9 @@ def test_randomized_positions_reach_tables_rotations_and_biases(name):
     assert torch.isfinite(model(input_ids=src, attention_mask=mask, labels=labels).loss)
 
 
-def test_randomized_positions_refuse_a_cached_training_decode_and_a_too_long_sequence():
+def test_randomized_positions_refuse_a_cached_training_decode_and_a_too_long_sequence(
+    tiny_model, source_batch, target_batch
+):
     model = tiny_model(position_encoding="rope", randomized_positions_max=8).train()
     src, mask = source_batch(length=8)
     tgt = target_batch()
@@ -189,12 +193,12 @@ def test_randomized_positions_refuse_a_cached_training_decode_and_a_too_long_seq
         ),
     ],
 )
-def test_randomized_positions_config_errors_name_the_fields(overrides, message):
+def test_randomized_positions_config_errors_name_the_fields(overrides, message, tiny_config):
     with pytest.raises(ValueError, match=message):
         tiny_config(**overrides)
 
 
-def test_unbounded_encodings_take_any_randomized_range():
+def test_unbounded_encodings_take_any_randomized_range(tiny_config):
     config = tiny_config(position_encoding="rope", randomized_positions_max=1000)
     assert MarianPosEncForConditionalGeneration(config).config.randomized_positions_max == 1000
 
@@ -215,7 +219,9 @@ def site_weights(model, src, mask, tgt, site: str) -> torch.Tensor:
 
 @pytest.mark.parametrize("site", ATTENTION_SITES)
 @pytest.mark.parametrize("encoding", ["sinusoidal", "t5_bias"])
-def test_log_length_scaling_multiplies_the_logits_by_log_n(site, encoding):
+def test_log_length_scaling_multiplies_the_logits_by_log_n(
+    site, encoding, tiny_model, source_batch, target_batch
+):
     """At the scaled site, softmax(log n · logits): n the keys each query may attend to (a padded source's real
     tokens; query position + 1 in the decoder's self-attention), recovered from the unscaled weights (log w is
     the logits up to a per-query constant). A score bias (T5) is added unscaled."""
@@ -241,7 +247,9 @@ def test_log_length_scaling_multiplies_the_logits_by_log_n(site, encoding):
     torch.testing.assert_close(scaled, expected, atol=1e-5, rtol=1e-4)
 
 
-def test_log_length_scaling_is_exact_with_the_cache_under_sdpa_and_eager():
+def test_log_length_scaling_is_exact_with_the_cache_under_sdpa_and_eager(
+    tiny_model, source_batch, target_batch
+):
     """Incremental decoding equals the full forward at every scaled site (the decoder's n grows by one a step;
     cross-attention's is the source's real length), with SDPA's masks (None or boolean) and eager's float ones,
     and both give the same logits."""
@@ -278,7 +286,7 @@ def test_log_length_scaling_is_exact_with_the_cache_under_sdpa_and_eager():
         ({"log_length_scaling": ["cross_attention"] * 2}, r"names a site twice"),
     ],
 )
-def test_log_length_scaling_config_errors(overrides, message):
+def test_log_length_scaling_config_errors(overrides, message, tiny_config):
     with pytest.raises(ValueError, match=message):
         tiny_config(**overrides)
 
@@ -286,14 +294,20 @@ def test_log_length_scaling_config_errors(overrides, message):
 # RoPE scaling
 
 
-def rope_logits(**overrides) -> torch.Tensor:
-    src, mask = source_batch()
-    model = tiny_model(position_encoding="rope", **overrides)
-    with torch.no_grad():
-        return model(input_ids=src, attention_mask=mask, decoder_input_ids=target_batch()).logits
+@pytest.fixture
+def rope_logits(tiny_model, source_batch, target_batch):
+    """`rope_logits(**overrides)`: a tiny rope model's logits on the shared batch."""
+
+    def build(**overrides) -> torch.Tensor:
+        src, mask = source_batch()
+        model = tiny_model(position_encoding="rope", **overrides)
+        with torch.no_grad():
+            return model(input_ids=src, attention_mask=mask, decoder_input_ids=target_batch()).logits
+
+    return build
 
 
-def test_rope_scaling_absent_or_of_factor_one_is_bit_identical_to_rope():
+def test_rope_scaling_absent_or_of_factor_one_is_bit_identical_to_rope(rope_logits):
     plain = rope_logits()
     for scaling in (None, {"rope_type": "linear", "factor": 1.0}, {**YARN, "factor": 1}):
         torch.testing.assert_close(rope_logits(rope_scaling=scaling), plain, atol=0, rtol=0)
@@ -301,12 +315,18 @@ def test_rope_scaling_absent_or_of_factor_one_is_bit_identical_to_rope():
     assert not torch.allclose(rope_logits(rope_scaling=LINEAR), plain)
 
 
-def rope_encoding(scaling, stack="encoder"):
-    model = tiny_model(position_encoding="rope", rope_scaling=scaling)
-    return getattr(model.model, stack).position_encoding
+@pytest.fixture
+def rope_encoding(tiny_model):
+    """`rope_encoding(scaling, stack="encoder")`: the rope encoding of a tiny model with `scaling`."""
+
+    def build(scaling, stack="encoder"):
+        model = tiny_model(position_encoding="rope", rope_scaling=scaling)
+        return getattr(model.model, stack).position_encoding
+
+    return build
 
 
-def test_linear_rope_scaling_turns_position_p_as_unscaled_rope_turns_p_over_f():
+def test_linear_rope_scaling_turns_position_p_as_unscaled_rope_turns_p_over_f(rope_encoding):
     states = torch.randn(2, 4, 40, 8)  # (B, H, L, Dh)
     positions = torch.arange(40)[None]
     scaled = rope_encoding(LINEAR).rotate(states, positions)
@@ -326,7 +346,7 @@ def transformers_rope(scaling: dict, trained: int):
     )
 
 
-def test_yarn_frequencies_and_attention_factor_are_transformers_own():
+def test_yarn_frequencies_and_attention_factor_are_transformers_own(rope_encoding):
     encoding = rope_encoding(YARN)
     inverse, factor = ROPE_INIT_FUNCTIONS["yarn"](transformers_rope(YARN, 4), None)
     torch.testing.assert_close(encoding.inverse_frequencies, inverse, atol=0, rtol=0)
@@ -341,7 +361,7 @@ def test_yarn_frequencies_and_attention_factor_are_transformers_own():
     torch.testing.assert_close(encoding.rotate(states, positions), expected, atol=1e-6, rtol=1e-5)
 
 
-def test_dynamic_frequencies_are_transformers_own_per_source_and_per_decoder_position():
+def test_dynamic_frequencies_are_transformers_own_per_source_and_per_decoder_position(rope_encoding):
     """The encoder rotates a source of n tokens with transformers' dynamic frequencies for seq_len = n (each
     source its own n, so padding changes nothing); the decoder rotates position p with those for p + 1 (what
     transformers' dynamic layer uses while decoding with a cache); within the training length both are
@@ -374,7 +394,9 @@ def test_dynamic_frequencies_are_transformers_own_per_source_and_per_decoder_pos
 
 
 @pytest.mark.parametrize("scaling", [LINEAR, DYNAMIC, YARN], ids=["linear", "dynamic", "yarn"])
-def test_rope_scaling_is_exact_with_the_cache_and_changes_the_logits(scaling):
+def test_rope_scaling_is_exact_with_the_cache_and_changes_the_logits(
+    scaling, tiny_model, source_batch, target_batch, rope_logits
+):
     model = tiny_model(position_encoding="rope", rope_scaling=scaling)
     src, mask = source_batch()
     tgt = target_batch()
@@ -386,7 +408,7 @@ def test_rope_scaling_is_exact_with_the_cache_and_changes_the_logits(scaling):
     assert not torch.allclose(full, rope_logits())
 
 
-def test_rope_scaling_is_set_at_load_time_and_saved(tmp_path):
+def test_rope_scaling_is_set_at_load_time_and_saved(tmp_path, tiny_model, source_batch, target_batch):
     """A trained rope model reloaded with `from_pretrained(folder, rope_scaling=...)` computes what a model built
     with that config computes, and saves the setting in config.json; reloaded without it, it is plain rope."""
     model = tiny_model(position_encoding="rope")
@@ -441,12 +463,12 @@ def test_rope_scaling_is_set_at_load_time_and_saved(tmp_path):
         ),
     ],
 )
-def test_rope_scaling_config_errors(overrides, message):
+def test_rope_scaling_config_errors(overrides, message, tiny_config):
     with pytest.raises(ValueError, match=message):
         tiny_config(**{"position_encoding": "rope", **overrides})
 
 
-def test_rope_scaling_applies_to_the_rope_stack_of_a_mixed_model():
+def test_rope_scaling_applies_to_the_rope_stack_of_a_mixed_model(tiny_model, rope_encoding):
     model = tiny_model(
         encoder_position_encoding="sinusoidal", decoder_position_encoding="rope", rope_scaling=LINEAR
     )
