@@ -36,9 +36,11 @@ def sentence_batch(source_batch, target_batch):
 
 
 def talkative(model):
-    """The model, with its output bias pushed toward the sentence ends so that generated text holds several."""
+    """The model, with logits that depend on the decoder state (a larger embedding scale: a random tiny model
+    otherwise repeats one token) and leaning toward the sentence ends, so that beams differ in their sentences."""
     with torch.no_grad():
-        model.final_logits_bias[0, ENDS] = 4.0
+        model.model.shared.weight.mul_(5.0)
+        model.final_logits_bias[0, ENDS] = 1.0
     return model
 
 
@@ -109,6 +111,46 @@ def test_incremental_decoding_equals_full_forward(encoding, bias, tiny_model, se
             torch.testing.assert_close(incremental, full, atol=1e-4, rtol=1e-4)
 
 
+@pytest.mark.parametrize("encoding", ["sinusoidal", "t5_bias"])
+def test_a_reordered_and_repeated_cache_continues_the_reordered_sequences(
+    encoding, tiny_model, sentence_batch
+):
+    """What beam search does to the cache: after 5 cached tokens the rows are permuted (`reorder_cache`) and each
+    repeated twice (`batch_repeat_interleave`); the next steps' logits are those of a full forward over the
+    permuted and repeated prefixes followed by the new tokens."""
+    model = tiny_model(position_encoding=encoding, **WITH_BIAS)
+    src, mask, tgt = sentence_batch
+    split, order = 5, torch.tensor([2, 0, 1])
+    with torch.no_grad():
+        encoder_outputs = model.get_encoder()(input_ids=src, attention_mask=mask)
+        cache = model(
+            encoder_outputs=encoder_outputs,
+            attention_mask=mask,
+            decoder_input_ids=tgt[:, :split],
+            use_cache=True,
+        ).past_key_values
+        cache.reorder_cache(order)
+        cache.batch_repeat_interleave(2)
+        moved = {
+            "encoder_outputs": type(encoder_outputs)(
+                last_hidden_state=encoder_outputs.last_hidden_state[order].repeat_interleave(2, 0),
+                sentence_indices=encoder_outputs.sentence_indices[order].repeat_interleave(2, 0),
+            ),
+            "attention_mask": mask[order].repeat_interleave(2, 0),
+        }
+        suffix = tgt[:, split:].flip(0).repeat_interleave(2, 0)  # other rows' continuations
+        steps = []
+        for step in range(suffix.shape[1]):
+            out = model(
+                **moved, decoder_input_ids=suffix[:, step : step + 1], past_key_values=cache, use_cache=True
+            )
+            cache = out.past_key_values
+            steps.append(out.logits)
+        sequences = torch.cat([tgt[order, :split].repeat_interleave(2, 0), suffix], dim=1)
+        full = model(**moved, decoder_input_ids=sequences).logits[:, split:]
+    torch.testing.assert_close(torch.cat(steps, dim=1), full, atol=1e-4, rtol=1e-4)
+
+
 @pytest.mark.parametrize("encoding", ["sinusoidal", "rope", "t5_bias", "alibi"])
 def test_greedy_and_beam_search_are_identical_with_and_without_cache(encoding, tiny_model, sentence_batch):
     model = talkative(tiny_model(position_encoding=encoding, **WITH_BIAS))
@@ -168,12 +210,16 @@ def test_each_sentence_option_changes_the_output(tiny_model, sentence_batch):
         "plain": {},
         "restart": {**SENTENCES, "sentence_embedding": "none"},
         "embedding": SENTENCES,
-        "bias": WITH_BIAS,
     }.items():
         with torch.no_grad():
             outputs[name] = tiny_model(**overrides)(
                 input_ids=src, attention_mask=mask, decoder_input_ids=tgt
             ).logits
+    model = tiny_model(**WITH_BIAS)
+    with torch.no_grad():
+        outputs["bias"] = model(input_ids=src, attention_mask=mask, decoder_input_ids=tgt).logits
+        model.model.decoder.sentence_cross_attention_bias.weight.zero_()
+        outputs["bias zeroed"] = model(input_ids=src, attention_mask=mask, decoder_input_ids=tgt).logits
     names = list(outputs)
     for before, after in zip(names, names[1:], strict=False):
         assert not torch.allclose(outputs[before], outputs[after]), (before, after)
