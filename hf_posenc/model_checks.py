@@ -15,6 +15,7 @@ from safetensors import SafetensorError
 from transformers.utils import logging
 
 from .base import PositionEncoding, TokenMixer
+from .sentence_positions import SentenceCrossAttentionBias, SentenceEmbedding
 
 logger = logging.get_logger(__name__)
 
@@ -147,7 +148,9 @@ class CheckedLoading:
         owners = {
             name: module
             for name, module in self.named_modules()
-            if isinstance(module, (PositionEncoding, TokenMixer))
+            if isinstance(
+                module, (PositionEncoding, TokenMixer, SentenceEmbedding, SentenceCrossAttentionBias)
+            )
         }
         positional = {}
         for key in sorted(missing):
@@ -158,6 +161,8 @@ class CheckedLoading:
                     f"{module.stack}_position_encoding"
                     if isinstance(module, PositionEncoding)
                     else module.site
+                    if isinstance(module, TokenMixer)
+                    else module.config_field
                 )
                 positional.setdefault(f"{field}={getattr(self.config, field)!r}", []).append(key)
         if positional and missing != parameters:

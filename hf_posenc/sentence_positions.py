@@ -120,6 +120,9 @@ class SentenceEmbedding(nn.Module):
     """x_t + S[s_t]: a learned sentence-index table of `max_sentences` rows (Ma et al. 2020's segment embedding),
     initialised N(0, d^−1/2) as the learned position table; a longer input raises `PositionLimitError`."""
 
+    # The config choice it belongs to, named by `from_pretrained`'s check of missing positional parameters.
+    config_field = "sentence_embedding"
+
     def __init__(self, config):
         super().__init__()
         self.config = config
@@ -141,6 +144,8 @@ class SentenceEmbedding(nn.Module):
 class SentenceCrossAttentionBias(nn.Module):
     """b_h(i, j) = w_h[clip(s^src_j − s^tgt_i, −C, C) + C], (B, H, q, S), added to the cross-attention scores of
     every decoder layer; w is initialised N(0, d^−1/2) (T5 draws its bias table at the same scale)."""
+
+    config_field = "sentence_cross_attention_bias"
 
     def __init__(self, config):
         super().__init__()

@@ -241,6 +241,16 @@ def test_save_and_reload_keeps_the_fields_and_the_logits(tmp_path, tiny_model, s
     assert torch.equal(before, after)
 
 
+def test_a_checkpoint_without_the_sentence_parameters_is_refused_naming_the_choice(tmp_path, tiny_model):
+    """A config.json edited to sentence-aware positions over weights trained without them would start the sentence
+    table and bias at random: loading refuses, naming the config choices."""
+    tiny_model().save_pretrained(tmp_path)
+    saved = json.loads((tmp_path / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps({**saved, **WITH_BIAS}))
+    with pytest.raises(ValueError, match=r"sentence_cross_attention_bias=True: .*sentence_embedding='learned': "):
+        MarianPosEncForConditionalGeneration.from_pretrained(tmp_path)
+
+
 REMOTE_CODE_CHECK = textwrap.dedent(
     """
     import json, sys
