@@ -307,20 +307,25 @@ def rope_logits(tiny_model, source_batch, target_batch):
     return build
 
 
-def test_rope_scaling_absent_or_of_factor_one_is_bit_identical_to_rope(rope_logits):
-    plain = rope_logits()
+def test_rope_scaling_absent_or_of_factor_one_is_bit_identical_to_rope(rope_logits, rope_encoding):
+    heads = {"encoder_attention_heads": 2, "decoder_attention_heads": 2}  # d_h = 16: transformers' float32
+    plain = rope_logits(**heads)  # frequencies differ from RoFormer's table in the last bit there
     for scaling in (None, {"rope_type": "linear", "factor": 1.0}, {**YARN, "factor": 1}):
-        torch.testing.assert_close(rope_logits(rope_scaling=scaling), plain, atol=0, rtol=0)
-    assert not torch.allclose(rope_logits(rope_scaling={**YARN, "factor": 1, "attention_factor": 2.0}), plain)
-    assert not torch.allclose(rope_logits(rope_scaling=LINEAR), plain)
+        torch.testing.assert_close(rope_logits(rope_scaling=scaling, **heads), plain, atol=0, rtol=0)
+    factor_one = {**YARN, "factor": 1, "attention_factor": 2.0}
+    assert not torch.allclose(rope_logits(rope_scaling=factor_one, **heads), plain)
+    assert not torch.allclose(rope_logits(rope_scaling=LINEAR, **heads), plain)
+    table = rope_encoding(None, **heads).inverse_frequencies
+    for scaling in ({"rope_type": "linear", "factor": 1.0}, {**YARN, "factor": 1}):
+        torch.testing.assert_close(rope_encoding(scaling, **heads).inverse_frequencies, table, atol=0, rtol=0)
 
 
 @pytest.fixture
 def rope_encoding(tiny_model):
-    """`rope_encoding(scaling, stack="encoder")`: the rope encoding of a tiny model with `scaling`."""
+    """`rope_encoding(scaling, stack="encoder", **overrides)`: the rope encoding of a tiny model with `scaling`."""
 
-    def build(scaling, stack="encoder"):
-        model = tiny_model(position_encoding="rope", rope_scaling=scaling)
+    def build(scaling, stack="encoder", **overrides):
+        model = tiny_model(position_encoding="rope", rope_scaling=scaling, **overrides)
         return getattr(model.model, stack).position_encoding
 
     return build
