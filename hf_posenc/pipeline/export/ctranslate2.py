@@ -144,6 +144,12 @@ def check_exportable(config) -> None:
         raise ValueError(
             "this model cannot be exported to CTranslate2 exactly: "
             + "; ".join(reasons)
+    if config.sentence_end_token_ids:
+        reasons.append(
+            f"sentence_end_token_ids={config.sentence_end_token_ids} (sentence-aware positions): positions restart "
+            "at each sentence end and the sentence index adds a learned row or a cross-attention bias; CTranslate2 "
+            "takes positions from the token index and has neither"
+        )
             + ". Exportable: position encodings "
             + ", ".join(EXPORTABLE_ENCODINGS[DECODER])
             + " (alibi in the decoder only) with content attention ('attention', no gating) at every site."
