@@ -60,41 +60,86 @@ def degenerate_output(
     then the likely causes; the optional facts of the run (`updates` trained, `warmup_steps`, `precision`)
     make the causes specific.
     """
-    empty = sum(not hypothesis.strip() for hypothesis in hypotheses)
-    distinct = len({hypothesis.strip() for hypothesis in hypotheses if hypothesis.strip()})
-    symptoms = []
+    repeated = repeated_output(hypotheses)
+    collapsed = collapsed_encoder(encoder_cosine)
+    symptoms = [empty_output(hypotheses), bleu_below_one(bleu, position_encoding), repeated, collapsed]
+    symptoms = [symptom for symptom in symptoms if symptom]
+    if not symptoms:
+        return []
+    causes = [
+        *failed_training_causes(repeated=bool(repeated), collapsed=bool(collapsed)),
+        *short_training_causes(updates, warmup_steps, precision, device, min_updates),
+        "the learning rate: too high diverges (the loss stops falling or turns NaN), too low barely moves "
+        "(--learning_rate, --warmup_steps)",
+        *small_test_set_causes(len(hypotheses)),
+    ]
+    return symptoms + [f"likely cause: {cause}" for cause in causes]
+
+
+def count_empty(hypotheses: list[str]) -> int:
+    return sum(not hypothesis.strip() for hypothesis in hypotheses)
+
+
+def empty_output(hypotheses: list[str]) -> str | None:
+    """The symptom of more than half the translations being empty."""
+    empty = count_empty(hypotheses)
     if empty > len(hypotheses) / 2:
-        symptoms.append(f"{empty} of {len(hypotheses)} translations are empty")
+        return f"{empty} of {len(hypotheses)} translations are empty"
+    return None
+
+
+def bleu_below_one(bleu: float, position_encoding: str) -> str | None:
+    """The symptom of BLEU below 1, for a model with a position encoding."""
     if bleu < 1 and position_encoding != "none":
-        symptoms.append(f"BLEU {bleu:.2f} is below 1 with position encoding {position_encoding!r}")
-    repeated = (
-        len(hypotheses) >= SMALL_TEST_SET and empty <= len(hypotheses) / 2 and distinct < len(hypotheses) / 2
-    )
-    if repeated:
-        symptoms.append(
+        return f"BLEU {bleu:.2f} is below 1 with position encoding {position_encoding!r}"
+    return None
+
+
+def repeated_output(hypotheses: list[str]) -> str | None:
+    """The symptom of fewer than half the translations being distinct, on a test set of at least
+    `SMALL_TEST_SET` sentences that are not mostly empty."""
+    distinct = len({hypothesis.strip() for hypothesis in hypotheses if hypothesis.strip()})
+    mostly_empty = count_empty(hypotheses) > len(hypotheses) / 2
+    if len(hypotheses) >= SMALL_TEST_SET and not mostly_empty and distinct < len(hypotheses) / 2:
+        return (
             f"only {distinct} distinct translations of {len(hypotheses)} test sentences: the output hardly "
             "depends on the source"
         )
-    collapsed = encoder_cosine is not None and encoder_cosine >= COLLAPSED_ENCODER
-    if collapsed:
-        symptoms.append(
+    return None
+
+
+def collapsed_encoder(encoder_cosine: float | None) -> str | None:
+    """The symptom of an encoder whose outputs within a sentence reach `COLLAPSED_ENCODER` mean cosine."""
+    if encoder_cosine is not None and encoder_cosine >= COLLAPSED_ENCODER:
+        return (
             f"the encoder gives every token of a sentence nearly the same vector (mean cosine {encoder_cosine:.4f} "
             f"between a sentence's encoder outputs; {COLLAPSED_ENCODER} or more is a collapse)"
         )
-    if not symptoms:
-        return []
-    causes = []
+    return None
+
+
+def failed_training_causes(*, repeated: bool, collapsed: bool) -> list[str]:
+    """What training settled on, read from the symptoms: a collapsed encoder, or else a source-blind decoder."""
     if collapsed:
-        causes.append(
+        return [
             "the encoder collapsed in training (its self-attention sends every query to one token, so the "
             "decoder cannot see the source): train again with another --seed, a lower --learning_rate or a "
             "longer --warmup_steps"
-        )
-    elif repeated:
-        causes.append(
+        ]
+    if repeated:
+        return [
             "training settled on a target-language model that ignores the source (the training loss stays well "
             "above a working run's): train again with another --seed or a lower --learning_rate"
-        )
+        ]
+    return []
+
+
+def short_training_causes(
+    updates: int | None, warmup_steps: int | None, precision: str | None, device: str, min_updates: int
+) -> list[str]:
+    """Too few updates for the budget (made specific by the updates trained), bf16 emulated on the CPU as a
+    reason for them, and a warm-up the run never finished."""
+    causes = []
     if updates is None:
         causes.append(
             "too few updates for the time budget: compare the updates trained with the budget check"
@@ -104,11 +149,8 @@ def degenerate_output(
             f"too few updates for the budget: {updates} trained, fewer than the {min_updates} a translation model "
             "needs (see the budget check's seconds per update; give more --minutes or a smaller model)"
         )
-    if (
-        precision == "bf16"
-        and torch.device(device).type == "cpu"
-        and (updates is None or updates < min_updates)
-    ):
+    too_few = updates is None or updates < min_updates
+    if precision == "bf16" and torch.device(device).type == "cpu" and too_few:
         causes.append(
             "bf16 on the CPU: a CPU without bf16 units emulates it, about 25x slower per update than fp32 "
             "(--precision auto times both, --precision fp32 avoids it)"
@@ -117,16 +159,16 @@ def degenerate_output(
         causes.append(
             f"the learning rate never reached its peak: {updates} updates < {warmup_steps} warm-up steps"
         )
-    causes.append(
-        "the learning rate: too high diverges (the loss stops falling or turns NaN), too low barely moves "
-        "(--learning_rate, --warmup_steps)"
-    )
-    if len(hypotheses) < SMALL_TEST_SET:
-        causes.append(
-            f"only {len(hypotheses)} test sentences (--test_limit): corpus BLEU on so few is noisy and can be 0 "
+    return causes
+
+
+def small_test_set_causes(test_sentences: int) -> list[str]:
+    if test_sentences < SMALL_TEST_SET:
+        return [
+            f"only {test_sentences} test sentences (--test_limit): corpus BLEU on so few is noisy and can be 0 "
             "for a model that works"
-        )
-    return symptoms + [f"likely cause: {cause}" for cause in causes]
+        ]
+    return []
 
 
 def check_aligned(hypotheses: list[str], references: list[str], name: str = "hypotheses") -> None:
