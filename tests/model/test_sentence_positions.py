@@ -247,7 +247,9 @@ def test_a_checkpoint_without_the_sentence_parameters_is_refused_naming_the_choi
     tiny_model().save_pretrained(tmp_path)
     saved = json.loads((tmp_path / "config.json").read_text())
     (tmp_path / "config.json").write_text(json.dumps({**saved, **WITH_BIAS}))
-    with pytest.raises(ValueError, match=r"sentence_cross_attention_bias=True: .*sentence_embedding='learned': "):
+    with pytest.raises(
+        ValueError, match=r"sentence_cross_attention_bias=True: .*sentence_embedding='learned': "
+    ):
         MarianPosEncForConditionalGeneration.from_pretrained(tmp_path)
 
 
