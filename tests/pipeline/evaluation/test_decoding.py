@@ -9,8 +9,8 @@ import math
 import pytest
 import torch
 
-from hf_posenc.pipeline.data.tokenization import train_joint_bpe
 from hf_posenc.pipeline.evaluation.decoding import load_translation_model, translate
+from tests.helpers import SOURCES
 
 
 def test_unreadable_weights_and_folders_without_tokenizer_name_the_folder(tmp_path, tiny_model):
@@ -29,15 +29,6 @@ def test_unreadable_weights_and_folders_without_tokenizer_name_the_folder(tmp_pa
 class Terminal(io.StringIO):
     def isatty(self) -> bool:
         return True
-
-
-SOURCES = ["a dog runs", "a man", "two dogs run on the grass", "a woman reads", "children play"]
-
-
-@pytest.fixture(scope="module")
-def model_and_tokenizer(tiny_model):
-    tokenizer = train_joint_bpe(SOURCES * 3, vocab_size=60)
-    return tiny_model(max_position_embeddings=64), tokenizer
 
 
 def test_decoding_progress_is_logged_off_a_terminal_without_changing_the_translations(

@@ -71,8 +71,8 @@ def tokenizer(corpus):
 
 
 @pytest.fixture(scope="module")
-def sentences():
-    return read("val.en.gz", 16)
+def sentences(multi30k_dir):
+    return read(multi30k_dir, "val.en.gz", 16)
 
 
 @pytest.fixture(scope="module")
@@ -337,10 +337,10 @@ def test_the_script_reports_a_bad_input_in_one_line_with_exit_code_2(tmp_path):
     )
 
 
-def test_evaluate_translation_scores_an_export_as_it_scores_the_model(model_folder, tmp_path):
+def test_evaluate_translation_scores_an_export_as_it_scores_the_model(model_folder, tmp_path, multi30k_dir):
     source, reference = tmp_path / "test.en", tmp_path / "test.de"
-    source.write_text("\n".join(read("val.en.gz", 24)) + "\n")
-    reference.write_text("\n".join(read("val.de.gz", 24)) + "\n")
+    source.write_text("\n".join(read(multi30k_dir, "val.en.gz", 24)) + "\n")
+    reference.write_text("\n".join(read(multi30k_dir, "val.de.gz", 24)) + "\n")
     export = main([str(model_folder), str(tmp_path / "ct2")])
     flags = ["--source", str(source), "--reference", str(reference), "--threads", "1"]
     ours = evaluate_main([str(export), *flags, "--output", str(tmp_path / "ct2.json")])
