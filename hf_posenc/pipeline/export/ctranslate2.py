@@ -32,14 +32,22 @@ paper 2. The tests (tests/test_ctranslate2.py) check greedy and beam-4 decoding 
 
 import argparse
 import json
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
 
 import torch
 from transformers import AutoConfig
 
 from ...base import DECODER, ENCODER, STACKS
+from ...generation_length import (
+    MATCH_SOURCE_SENTENCE_COUNT,
+    WORD_REWARD,
+    LengthControl,
+    loop_guard_ngram_size,
+)
 from ...registry import POSITION_ENCODINGS, TOKEN_MIXERS
 from ..cli import check_number
 from ..evaluation.decoding import load_translation_model
@@ -60,6 +68,13 @@ QUANTIZATIONS = (
     "bfloat16",
     "float32",
 )
+# Why each decode-time length control (generation_length.py) that CTranslate2 cannot express is refused.
+LENGTH_CONTROL_REFUSALS = {
+    WORD_REWARD: "CTranslate2 has no per-word reward: translate_batch scores with length_penalty, coverage_penalty "
+    "and repetition_penalty only",
+    MATCH_SOURCE_SENTENCE_COUNT: "CTranslate2 cannot hold </s> back until a hypothesis holds its source's sentence "
+    "ends: its only </s> constraint is one min_decoding_length per batch",
+}
 # config.activation_function -> the name of CTranslate2's `common_spec.Activation` member computing the same
 # function (GELU: erf form; GELUTanh: the tanh approximation; SWISH: x * sigmoid(x)).
 ACTIVATIONS = {
@@ -129,6 +144,12 @@ def export_refusals(config) -> list[str]:
             "attention_gating=True (paper 2 Eq. 4): CTranslate2's attention has no GELU gate on its output "
             "nor LayerNorm on its values"
         )
+    if config.sentence_end_token_ids:
+        reasons.append(
+            f"sentence_end_token_ids={config.sentence_end_token_ids} (sentence-aware positions): positions restart "
+            "at each sentence end and the sentence index adds a learned row or a cross-attention bias; CTranslate2 "
+            "takes positions from the token index and has neither"
+        )
     if config.activation_function not in ACTIVATIONS:
         reasons.append(
             f"activation_function={config.activation_function!r}: CTranslate2 computes "
@@ -144,12 +165,6 @@ def check_exportable(config) -> None:
         raise ValueError(
             "this model cannot be exported to CTranslate2 exactly: "
             + "; ".join(reasons)
-    if config.sentence_end_token_ids:
-        reasons.append(
-            f"sentence_end_token_ids={config.sentence_end_token_ids} (sentence-aware positions): positions restart "
-            "at each sentence end and the sentence index adds a learned row or a cross-attention bias; CTranslate2 "
-            "takes positions from the token index and has neither"
-        )
             + ". Exportable: position encodings "
             + ", ".join(EXPORTABLE_ENCODINGS[DECODER])
             + " (alibi in the decoder only) with content attention ('attention', no gating) at every site."
@@ -328,6 +343,7 @@ def export_ctranslate2(model_dir, output_dir, quantization: str | None = None, f
         check_exportable(AutoConfig.from_pretrained(model_dir))
     model, tokenizer = load_translation_model(model_dir)
     check_exportable(model.config)
+    length_control_for_ctranslate2(model.generation_config, None, len(tokenizer))
     model = model.float().eval()
     spec = build_spec(model, tokenizer)
     spec.optimize(quantization=quantization)
@@ -352,10 +368,47 @@ def is_ctranslate2_folder(folder) -> bool:
     return (Path(folder) / CTRANSLATE2_WEIGHTS).is_file()
 
 
-def decoding_options(generation_config, tokens: Sequence[str], beam_size=None, length_penalty=None) -> dict:
+def length_control_for_ctranslate2(
+    generation_config, overrides: dict | None, vocab_size: int
+) -> LengthControl:
+    """The decode-time length control of `generation_config` with `overrides` (generation_length.py's keys, as
+    `generate` takes them), checked as `generate` checks it; a `word_reward` or `match_source_sentence_count`,
+    which CTranslate2 cannot express, is refused with `LENGTH_CONTROL_REFUSALS`' reason."""
+    control = LengthControl.from_settings(
+        generation_config, dict(overrides or {}), SimpleNamespace(vocab_size=vocab_size)
+    )
+    refused = [
+        f"{key}={getattr(control, key)!r} ({reason})"
+        for key, reason in LENGTH_CONTROL_REFUSALS.items()
+        if getattr(control, key) not in (None, False)
+    ]
+    if refused:
+        raise ValueError(
+            "CTranslate2 cannot decode with the length control "
+            + "; ".join(refused)
+            + ". Turn it off (None / False in generation_config.json, or the evaluate flag) or decode with generate"
+        )
+    return control
+
+
+def min_decoding_length(control: LengthControl, minimum: int, source_length: int) -> int:
+    """CTranslate2's `min_decoding_length` for one source of `source_length` tokens (`</s>` included): the
+    larger of the generation config's `minimum` and ⌈r·|x|⌉ - 1 for `min_length_ratio` r (`generate` lets `</s>`
+    be the ⌈r·|x|⌉-th token; CTranslate2's minimum, like `min_new_tokens`, counts the tokens before it)."""
+    if control.min_length_ratio is None:
+        return minimum
+    return max(minimum, math.ceil(source_length * control.min_length_ratio) - 1)
+
+
+def decoding_options(
+    generation_config, tokens: Sequence[str], beam_size=None, length_penalty=None, length_control=None
+) -> dict:
     """`Translator.translate_batch` options that decode as `generate` does with `generation_config`, except
-    `max_decoding_length` (per batch: `decoding_length`). `beam_size` / `length_penalty` override the saved
-    values. docs/export.md has the table; the differences that remain are in beam search only:
+    `max_decoding_length` (per batch: `decoding_length`) and, with `min_length_ratio`, `min_decoding_length` (per
+    source: `min_decoding_length`). `beam_size` / `length_penalty` override the saved values, `length_control`
+    (a dict of generation_length.py's keys and `no_repeat_ngram_size`) the saved length control, whose loop
+    guard is mapped and the rest refused by `length_control_for_ctranslate2`. docs/export.md has the table; the
+    differences that remain are in beam search only:
 
     * CTranslate2 stops a sentence once `beam_size` hypotheses have finished (`patience=1`), as `generate` does
       with `early_stopping=True`; our saved config has transformers' default `early_stopping=False`, whose
@@ -375,6 +428,9 @@ def decoding_options(generation_config, tokens: Sequence[str], beam_size=None, l
     min_new = generation_config.min_new_tokens
     if min_new is None:  # min_length counts the decoder start token in an encoder-decoder model
         min_new = max((generation_config.min_length or 0) - 1, 0)
+    overrides = dict(length_control or {})
+    ngram = overrides.pop("no_repeat_ngram_size", generation_config.no_repeat_ngram_size)
+    control = length_control_for_ctranslate2(generation_config, overrides, len(tokens))
     return {
         "beam_size": beams,
         "length_penalty": penalty,  # score / length ** penalty, the length counting </s>, as in generate
@@ -384,7 +440,7 @@ def decoding_options(generation_config, tokens: Sequence[str], beam_size=None, l
             [tokens[token_id] for token_id in sequence] for sequence in generation_config.bad_words_ids or []
         ],
         "min_decoding_length": min_new,
-        "no_repeat_ngram_size": generation_config.no_repeat_ngram_size or 0,
+        "no_repeat_ngram_size": loop_guard_ngram_size(control, ngram) or 0,
         "repetition_penalty": generation_config.repetition_penalty or 1.0,
         "max_input_length": 0,  # no truncation: generate does not truncate either
     }
@@ -444,32 +500,53 @@ class CTranslate2Model:
         )
 
     def translate(
-        self, sentences: Sequence[str], beam_size=None, length_penalty=None, batch_size: int = 64
+        self,
+        sentences: Sequence[str],
+        beam_size=None,
+        length_penalty=None,
+        batch_size: int = 64,
+        length_control: dict | None = None,
     ) -> list[str]:
         """Translate in the batches `evaluation.translate` makes (sorted by length, `batch_size` sentences), so
-        each batch gets the length limit `generate` gives it; outputs in the input order."""
+        each batch gets the length limit `generate` gives it; outputs in the input order. `length_control`
+        overrides the saved length control (`decoding_options`); with `min_length_ratio`, the sources of a batch
+        that need the same minimum length are decoded together (CTranslate2 takes one per call)."""
         check_number("batch_size", batch_size, minimum=1, integer=True)
         tokens = self.tokenizer.convert_ids_to_tokens(list(range(len(self.tokenizer))))
-        options = decoding_options(self.generation_config, tokens, beam_size, length_penalty)
-        end = self.tokenizer.convert_ids_to_tokens(self.generation_config.eos_token_id)
+        options = decoding_options(self.generation_config, tokens, beam_size, length_penalty, length_control)
+        control = length_control_for_ctranslate2(self.generation_config, length_control, len(tokens))
+        minimum = options.pop("min_decoding_length")
         order = sorted(range(len(sentences)), key=lambda i: len(sentences[i]))
         outputs = [None] * len(sentences)
         for start in range(0, len(order), batch_size):
             indices = order[start : start + batch_size]
-            ids = self.tokenizer([sentences[i] for i in indices])["input_ids"]
-            results = self.translator.translate_batch(
-                [self.tokenizer.convert_ids_to_tokens(row) for row in ids],
-                max_decoding_length=decoding_length(self.generation_config, max(map(len, ids))),
-                **options,
+            ids = dict(
+                zip(indices, self.tokenizer([sentences[i] for i in indices])["input_ids"], strict=True)
             )
-            for index, result in zip(indices, results, strict=True):
-                hypothesis = result.hypotheses[0]
-                if hypothesis and hypothesis[-1] == end:
-                    hypothesis = hypothesis[:-1]
-                outputs[index] = self.tokenizer.decode(
-                    self.tokenizer.convert_tokens_to_ids(hypothesis), skip_special_tokens=True
+            limit = decoding_length(self.generation_config, max(map(len, ids.values())))
+            groups = {}  # min_decoding_length -> the batch's sentences that need it
+            for index, row in ids.items():
+                groups.setdefault(min_decoding_length(control, minimum, len(row)), []).append(index)
+            for group_minimum, group in groups.items():
+                results = self.translator.translate_batch(
+                    [self.tokenizer.convert_ids_to_tokens(ids[i]) for i in group],
+                    max_decoding_length=limit,
+                    min_decoding_length=group_minimum,
+                    **options,
                 )
+                for index, result in zip(group, results, strict=True):
+                    outputs[index] = self.decode(result.hypotheses[0])
         return outputs
+
+    def decode(self, hypothesis: list[str]) -> str:
+        """The text of a hypothesis's tokens, without the `</s>` that `return_end_token` keeps."""
+        if hypothesis and hypothesis[-1] == self.tokenizer.convert_ids_to_tokens(
+            self.generation_config.eos_token_id
+        ):
+            hypothesis = hypothesis[:-1]
+        return self.tokenizer.decode(
+            self.tokenizer.convert_tokens_to_ids(hypothesis), skip_special_tokens=True
+        )
 
 
 def translate_ctranslate2(
@@ -480,12 +557,17 @@ def translate_ctranslate2(
     batch_size: int = 64,
     threads: int | None = None,
     compute_type: str = "default",
+    length_control: dict | None = None,
 ) -> list[str]:
     """Translate `sentences` with an exported folder, decoding with its saved generation config as `generate`
-    does (`decoding_options`); `beam_size` / `length_penalty` override the saved values."""
+    does (`decoding_options`); `beam_size` / `length_penalty` / `length_control` override the saved values."""
     model = CTranslate2Model.load(folder, threads=threads, compute_type=compute_type)
     return model.translate(
-        sentences, beam_size=beam_size, length_penalty=length_penalty, batch_size=batch_size
+        sentences,
+        beam_size=beam_size,
+        length_penalty=length_penalty,
+        batch_size=batch_size,
+        length_control=length_control,
     )
 
 
