@@ -116,11 +116,12 @@ MIXER_REFUSAL = (
 
 
 def require_ctranslate2():
-    """The `ctranslate2` module, or an ImportError saying how to install it (an optional dependency)."""
+    """The `ctranslate2` module, or a ModuleNotFoundError saying how to install it (an optional dependency); it
+    names the missing module, so that a console command names the extra to install (`cli.run_cli`)."""
     try:
         import ctranslate2
-    except ImportError as error:
-        raise ImportError(f"ctranslate2 is not installed: {INSTALL_HINT}") from error
+    except ModuleNotFoundError as error:
+        raise ModuleNotFoundError(f"ctranslate2 is not installed: {INSTALL_HINT}", name=error.name) from error
     return ctranslate2
 
 
@@ -333,6 +334,7 @@ def export_ctranslate2(model_dir, output_dir, quantization: str | None = None, f
     failed export. CTranslate2's own `Converter.convert` would delete an existing output folder first; the spec
     is validated, quantized and saved here directly instead.
     """
+    require_ctranslate2()  # before any work
     model_dir, output_dir = Path(model_dir), Path(output_dir)
     if not model_dir.is_dir():
         raise FileNotFoundError(f"MODEL_DIR {model_dir} does not exist or is not a folder")
@@ -573,13 +575,15 @@ def translate_ctranslate2(
 
 HELP = """Export a MarianPosEnc model folder to CTranslate2, self-contained (model, tokenizer, generation config).
 
-    train_scripts/export_ctranslate2.py outputs/run outputs/run-ct2
-    train_scripts/export_ctranslate2.py outputs/run outputs/run-ct2-int8 --quantization int8
+    hf-posenc-export outputs/run outputs/run-ct2
+    hf-posenc-export outputs/run outputs/run-ct2-int8 --quantization int8
+
+Needs the [export] extra (CTranslate2): pip install 'hf_posenc[export]'.
 
 Exportable: position encodings none, sinusoidal, learned, shaw, t5_bias, rope (either stack) and alibi (decoder
 only), with content attention at every site; anything else is refused with the reason (docs/export.md).
 OUTPUT_DIR must be new or empty unless --force; then it is replaced whole once the export is complete.
-Score the export with train_scripts/evaluate_translation.py OUTPUT_DIR --source ... --reference ...
+Score the export with hf-posenc-evaluate OUTPUT_DIR --source ... --reference ...
 """
 
 
