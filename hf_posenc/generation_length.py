@@ -101,6 +101,22 @@ def is_number(value) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
+def checked_sentence_end_ids(ids, model_config) -> tuple[int, ...] | None:
+    """`sentence_end_token_ids` as a tuple, refused unless every id is a token of the vocabulary other than the
+    end-of-sequence and padding tokens (which every source holds or may hold)."""
+    if ids is None:
+        return None
+    vocab_size = model_config.vocab_size
+    special = {getattr(model_config, name, None) for name in ("eos_token_id", "pad_token_id")} - {None}
+    allowed = f"a list of token ids in 0..{vocab_size - 1}, without </s> and <pad> ({sorted(special)})"
+    if not isinstance(ids, (list, tuple)) or not all(
+        isinstance(i, int) and not isinstance(i, bool) and 0 <= i < vocab_size and i not in special
+        for i in ids
+    ):
+        raise key_error(SENTENCE_END_TOKEN_IDS, ids, allowed)
+    return tuple(ids)
+
+
 @dataclass(frozen=True)
 class LengthControl:
     """The length-control settings of one `generate` call, checked (`from_settings`)."""
@@ -131,7 +147,6 @@ class LengthControl:
             values[SENTENCE_END_TOKEN_IDS] = (
                 list(getattr(model_config, SENTENCE_END_TOKEN_IDS, None) or []) or None
             )
-        vocab_size = model_config.vocab_size
         ratio, reward = values[MIN_LENGTH_RATIO], values[WORD_REWARD]
         if ratio is not None and not (is_number(ratio) and math.isfinite(ratio) and ratio >= 0):
             raise key_error(
@@ -144,17 +159,7 @@ class LengthControl:
         match = values[MATCH_SOURCE_SENTENCE_COUNT]
         if not isinstance(match, bool):
             raise key_error(MATCH_SOURCE_SENTENCE_COUNT, match, "True or False")
-        ids = values[SENTENCE_END_TOKEN_IDS]
-        if ids is not None:
-            ids = tuple(ids) if isinstance(ids, (list, tuple)) else ids
-            if not isinstance(ids, tuple) or not all(
-                isinstance(i, int) and not isinstance(i, bool) and 0 <= i < vocab_size for i in ids
-            ):
-                raise key_error(
-                    SENTENCE_END_TOKEN_IDS,
-                    values[SENTENCE_END_TOKEN_IDS],
-                    f"a list of token ids in 0..{vocab_size - 1}",
-                )
+        ids = checked_sentence_end_ids(values[SENTENCE_END_TOKEN_IDS], model_config)
         if match and not ids:
             raise key_error(
                 SENTENCE_END_TOKEN_IDS,
