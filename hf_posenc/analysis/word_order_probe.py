@@ -103,6 +103,20 @@ def word_order_probe(
     words are left out (a warning counts them); no sentence left, no kind, or fewer than one permutation is an
     error.
     """
+    check_probe_settings(num_permutations, batch_size, kinds)
+    encodings = reorderable_sentences(tokenizer, sentences)
+    model.eval()
+    decode = {"batch_size": batch_size, "bf16": bf16, **generate_kwargs}
+    originals = translate(model, tokenizer, [encoding["input_ids"] for encoding in encodings], **decode)
+    return [
+        probe_kind(
+            model, tokenizer, encodings, originals, kind, num_permutations, random.Random(seed), decode
+        )
+        for kind in kinds
+    ]
+
+
+def check_probe_settings(num_permutations: int, batch_size: int, kinds) -> None:
     check_number("num_permutations", num_permutations, minimum=1, integer=True)
     check_number("batch_size", batch_size, minimum=1, integer=True)
     unknown = [kind for kind in kinds if kind not in PERMUTATION_KINDS]
@@ -111,8 +125,16 @@ def word_order_probe(
             f"kinds={list(kinds)!r}: give one or more of {', '.join(PERMUTATION_KINDS)}"
             + (f" ({', '.join(map(repr, unknown))} is not known)" if unknown else "")
         )
+
+
+def count_words(encoding) -> int:
+    return len({word for word in encoding.word_ids() if word is not None})
+
+
+def reorderable_sentences(tokenizer, sentences: list[str]) -> list:
+    """The tokenised sentences of two or more words; a warning counts those left out, none left is an error."""
     encodings = [tokenizer(sentence) for sentence in sentences]
-    words = [len({word for word in encoding.word_ids() if word is not None}) for encoding in encodings]
+    words = [count_words(encoding) for encoding in encodings]
     one_word = sum(count < 2 for count in words)
     if one_word:
         logger.warning(
@@ -126,34 +148,32 @@ def word_order_probe(
             f"the word-order probe got {len(sentences)} source sentences, none of two or more words: "
             "give sentences whose words can be reordered"
         )
-    model.eval()
+    return encodings
+
+
+def probe_kind(
+    model, tokenizer, encodings, originals: list[str], kind: str, num_permutations: int, rng, decode: dict
+) -> WordOrderProbeResult:
+    """One kind of permutation: `num_permutations` of each sentence, drawn from `rng`; the encoder's mean
+    equivariance gap over them, and the BLEU of their translations against the original's translation."""
     encoder = model.get_encoder()
-    decode = {"batch_size": batch_size, "bf16": bf16, **generate_kwargs}
-    originals = translate(model, tokenizer, [encoding["input_ids"] for encoding in encodings], **decode)
-    results = []
-    for kind in kinds:
-        rng = random.Random(seed)
-        gaps, permuted_sources, references = [], [], []
-        for encoding, original in zip(encodings, originals, strict=True):
-            word_ids = encoding.word_ids()
-            num_words = len({word for word in word_ids if word is not None})
-            ids = torch.tensor([encoding["input_ids"]], device=model.device)
-            for _ in range(num_permutations):
-                order = token_permutation(word_ids, word_permutation(num_words, kind, rng))
-                gaps.append(equivariance_gap(encoder, ids, torch.tensor(order, device=model.device)))
-                permuted_sources.append([encoding["input_ids"][index] for index in order])
-                references.append(original)
-        translations = translate(model, tokenizer, permuted_sources, **decode)
-        results.append(
-            WordOrderProbeResult(
-                kind=kind,
-                sentences=len(encodings),
-                permutations_per_sentence=num_permutations,
-                equivariance_gap=sum(gaps) / len(gaps),
-                bleu_vs_original=score_translations(translations, references)["bleu"],
-            )
-        )
-    return results
+    gaps, permuted_sources, references = [], [], []
+    for encoding, original in zip(encodings, originals, strict=True):
+        word_ids = encoding.word_ids()
+        ids = torch.tensor([encoding["input_ids"]], device=model.device)
+        for _ in range(num_permutations):
+            order = token_permutation(word_ids, word_permutation(count_words(encoding), kind, rng))
+            gaps.append(equivariance_gap(encoder, ids, torch.tensor(order, device=model.device)))
+            permuted_sources.append([encoding["input_ids"][index] for index in order])
+            references.append(original)
+    translations = translate(model, tokenizer, permuted_sources, **decode)
+    return WordOrderProbeResult(
+        kind=kind,
+        sentences=len(encodings),
+        permutations_per_sentence=num_permutations,
+        equivariance_gap=sum(gaps) / len(gaps),
+        bleu_vs_original=score_translations(translations, references)["bleu"],
+    )
 
 
 def read_sentences(args) -> list[str]:
