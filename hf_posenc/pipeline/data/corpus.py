@@ -576,10 +576,40 @@ def training_examples(
     return datasets.Dataset.from_file(str(folder / "examples.arrow")), status, concatenation
 
 
+@dataclass
+class CorpusBuild:
+    """What the cache stages gave: the tokenizer, the pairs read, those kept and why the others were skipped,
+    the examples, each stage's cache status, and what joining did ({} without concatenation)."""
+
+    tokenizer: PreTrainedTokenizerBase
+    pairs: datasets.Dataset
+    kept: np.ndarray
+    skipped: dict
+    examples: datasets.Dataset
+    cache_status: dict
+    concatenation: dict
+
+
 def prepare_training_corpus(source: PairSource, settings: CorpusSettings) -> TrainingCorpus:
     """The tokenizer and the training examples of `source`, from the cache where it holds them."""
     started = time.monotonic()
     cache = Path(settings.cache_dir) if settings.cache_dir else default_cache_dir()
+    build = build_corpus(source, settings, cache)
+    report = corpus_report(source, settings, cache, build, started)
+    log_corpus_report(report)
+    name = source.name
+    if build.concatenation:
+        name += (
+            f" (concatenated: p={settings.concat_probability}, group sizes {list(settings.concat_group_sizes)}, "
+            f"seed {settings.seed})"
+        )
+    summary = CorpusSummary(name, len(build.examples))
+    return TrainingCorpus(build.tokenizer, build.examples, summary, report)
+
+
+def build_corpus(source: PairSource, settings: CorpusSettings, cache: Path) -> CorpusBuild:
+    """Each stage (tokenizer, tokenised pairs, examples) from the cache or built into it, under a lock per
+    data key, so processes preparing the same data wait for one another."""
     data_key = {"version": CACHE_VERSION, "data": source.key, "limit": settings.limit}
     for folder in ("locks", "build"):
         (cache / folder).mkdir(parents=True, exist_ok=True)
@@ -591,59 +621,65 @@ def prepare_training_corpus(source: PairSource, settings: CorpusSettings) -> Tra
         pairs, pairs_status = tokenised_pairs(text, tokenizer, cache, pairs_key, settings.num_proc)
         kept, skipped = filter_pairs(pairs, settings, source.name)
         examples, examples_status, concatenation = training_examples(pairs, kept, settings, cache, pairs_key)
-    source_lengths, target_lengths = list_lengths(examples, "input_ids"), list_lengths(examples, "labels")
-    report = {
+    status = {"tokenizer": tokenizer_status, "pairs": pairs_status, "examples": examples_status}
+    return CorpusBuild(tokenizer, pairs, kept, skipped, examples, status, concatenation)
+
+
+def corpus_report(
+    source: PairSource, settings: CorpusSettings, cache: Path, build: CorpusBuild, started: float
+) -> dict:
+    """The JSON report: pairs read, kept, skipped by reason, examples, token counts, cache use, and the seconds
+    since `started` (a `time.monotonic()` reading)."""
+    source_lengths = list_lengths(build.examples, "input_ids")
+    target_lengths = list_lengths(build.examples, "labels")
+    return {
         "source": source.name,
-        "pairs_read": len(pairs),
-        "pairs_kept": len(kept),
-        "skipped": skipped,
+        "pairs_read": len(build.pairs),
+        "pairs_kept": len(build.kept),
+        "skipped": build.skipped,
         "filters": {
             "max_length": settings.length_bound,
             "max_length_ratio": settings.max_length_ratio,
             "empty_lines": settings.empty_lines,
         },
-        "examples": len(examples),
-        "concatenation": concatenation or None,
+        "examples": len(build.examples),
+        "concatenation": build.concatenation or None,
         "source_tokens": int(source_lengths.sum()),
         "target_tokens": int(target_lengths.sum()),
         "longest_source": int(source_lengths.max()),
         "longest_target": int(target_lengths.max()),
-        "tokenizer": settings.tokenizer_name_or_path or f"joint BPE, {len(tokenizer)} tokens",
-        "cache": {
-            "folder": str(cache),
-            "tokenizer": tokenizer_status,
-            "pairs": pairs_status,
-            "examples": examples_status,
-        },
+        "tokenizer": settings.tokenizer_name_or_path or f"joint BPE, {len(build.tokenizer)} tokens",
+        "cache": {"folder": str(cache), **build.cache_status},
         "seconds": round(time.monotonic() - started, 1),
     }
+
+
+def log_corpus_report(report: dict) -> None:
+    skipped, filters, concatenation, cache = (
+        report["skipped"],
+        report["filters"],
+        report["concatenation"],
+        report["cache"],
+    )
     logger.info(
         "training data: %d pairs read from %s, %d kept, skipped %d with an empty side, %d longer than %d tokens, "
         "%d with a length ratio over %g; %d training examples%s; cache %s (tokenizer %s, pairs %s, examples %s), "
         "%.0f s",
-        len(pairs),
-        source.name,
-        len(kept),
+        report["pairs_read"],
+        report["source"],
+        report["pairs_kept"],
         skipped["empty"],
         skipped["too_long"],
-        settings.length_bound,
+        filters["max_length"],
         skipped["length_ratio"],
-        settings.max_length_ratio,
-        len(examples),
+        filters["max_length_ratio"],
+        report["examples"],
         f" ({concatenation['joined']} joined, {concatenation['split_too_long']} split back for length)"
         if concatenation
         else "",
-        cache,
-        tokenizer_status,
-        pairs_status,
-        examples_status,
+        cache["folder"],
+        cache["tokenizer"],
+        cache["pairs"],
+        cache["examples"],
         report["seconds"],
     )
-    name = source.name
-    if concatenation:
-        name += (
-            f" (concatenated: p={settings.concat_probability}, group sizes {list(settings.concat_group_sizes)}, "
-            f"seed {settings.seed})"
-        )
-    summary = CorpusSummary(name, len(examples))
-    return TrainingCorpus(tokenizer, examples, summary, report)
