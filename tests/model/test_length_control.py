@@ -170,9 +170,10 @@ ALL_OPTIONS = dict(
 )
 
 
+@pytest.mark.parametrize("encoding", ["sinusoidal", "rope", "rpe_head", "t5_bias"])
 @pytest.mark.parametrize("num_beams", [1, 4])
-def test_every_option_decodes_the_same_with_and_without_the_cache(num_beams, sources, tiny_model):
-    model = tiny_model(position_encoding="rope")
+def test_every_option_decodes_the_same_with_and_without_the_cache(num_beams, encoding, sources, tiny_model):
+    model = tiny_model(position_encoding=encoding)
     with torch.no_grad():
         model.final_logits_bias[0, EOS] = 0.3
     src, mask = sources
@@ -181,7 +182,7 @@ def test_every_option_decodes_the_same_with_and_without_the_cache(num_beams, sou
             src,
             attention_mask=mask,
             num_beams=num_beams,
-            max_new_tokens=30,
+            max_new_tokens=20,
             use_cache=use_cache,
             return_dict_in_generate=True,
             output_scores=True,
