@@ -32,10 +32,66 @@ A CTranslate2 folder written by train_scripts/export_ctranslate2.py (it holds mo
 decoded with CTranslate2 on the CPU (`--threads` threads) with the generation config saved in it, in the weight
 type it was exported in (--precision must stay auto; docs/export.md).
 
+--min_length_ratio, --word_reward, --match_source_sentence_count and --no_repeat_ngram_size override the
+saved decode-time length control (docs/length.md, "Length control at decode time"); a CTranslate2 export refuses
+the word reward and the sentence count by name.
+
 Every flag, file and folder is checked before decoding: counts (--batch_size, --num_beams, --threads,
 --bootstrap_samples) must be at least 1, --length_penalty a finite number; the model folder, the text files
 and the folder of --output must exist, and the baseline must have as many lines as the references.
 """
+
+
+# Flags of the decode-time length control (generation_length.py's keys): unset, the saved value applies.
+LENGTH_CONTROL_FLAGS = (
+    "min_length_ratio",
+    "word_reward",
+    "match_source_sentence_count",
+    "no_repeat_ngram_size",
+)
+
+
+def add_length_control_flags(parser) -> None:
+    group = parser.add_argument_group(
+        "length control at decode time (docs/length.md); without a flag, the model's generation config"
+    )
+    group.add_argument(
+        "--min_length_ratio", type=float, default=None, help="R >= 0: no </s> before ceil(R x source tokens)"
+    )
+    group.add_argument(
+        "--word_reward",
+        type=float,
+        default=None,
+        help="added to every non-</s> log-probability (< 0 shortens)",
+    )
+    group.add_argument(
+        "--match_source_sentence_count",
+        choices=["true", "false"],
+        default=None,
+        help="true: no </s> before the translation holds as many sentence ends as its source",
+    )
+    group.add_argument(
+        "--no_repeat_ngram_size", type=int, default=None, help="the loop guard: no n-gram twice (0: off)"
+    )
+
+
+def length_control_flags(args) -> dict:
+    """The length-control flags given, as `generate` takes them."""
+    given = {flag: getattr(args, flag) for flag in LENGTH_CONTROL_FLAGS if getattr(args, flag) is not None}
+    if "match_source_sentence_count" in given:
+        given["match_source_sentence_count"] = given["match_source_sentence_count"] == "true"
+    return given
+
+
+def check_length_control_flags(args) -> None:
+    if args.min_length_ratio is not None:
+        check_number(
+            "--min_length_ratio", args.min_length_ratio, minimum=0, hint="a multiple of the source length"
+        )
+    if args.word_reward is not None:
+        check_number("--word_reward", args.word_reward)
+    if args.no_repeat_ngram_size is not None:
+        check_number("--no_repeat_ngram_size", args.no_repeat_ngram_size, minimum=0, integer=True)
 
 
 def check_flags(parser, args) -> None:
@@ -52,18 +108,20 @@ def check_flags(parser, args) -> None:
                 hint="allowed: any finite number (> 0 favours longer translations, < 0 shorter); "
                 "without the flag, the model's saved value",
             )
+        check_length_control_flags(args)
     except ValueError as error:
         parser.error(str(error))
     if args.ngram_sweep and not args.baseline_hypotheses:
         parser.error("--ngram_sweep compares two systems: give --baseline_hypotheses")
-    given = [f"--{flag}" for flag in ("num_beams", "length_penalty") if getattr(args, flag) is not None]
+    decoding_flags = ("num_beams", "length_penalty", *LENGTH_CONTROL_FLAGS)
+    given = [f"--{flag}" for flag in decoding_flags if getattr(args, flag) is not None]
     if args.hypotheses and given:
         parser.error(
             f"{', '.join(given)} set decoding, but --hypotheses scores translations without decoding"
         )
 
 
-def evaluate_main(argv=None):
+def evaluate_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         description=EVALUATE_HELP, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -91,12 +149,14 @@ def evaluate_main(argv=None):
         help="decoding precision; auto: bf16 where measured faster than fp32 here",
     )
     parser.add_argument("--threads", type=int, default=None)
+    add_length_control_flags(parser)
     parser.add_argument("--output", default=None, help="JSON path (default <model>/evaluation.json)")
-    args = parser.parse_args(argv)
-    check_flags(parser, args)
-    if args.threads is not None:
-        torch.set_num_threads(args.threads)
+    return parser
 
+
+def check_paths(parser, args) -> tuple[Path, bool, Path]:
+    """The model folder, whether it is a CTranslate2 export, and the JSON file to write; refuse a missing
+    folder, a precision an export cannot decode in, and an output path that cannot be written."""
     model_dir = Path(args.model)
     if not model_dir.is_dir():
         raise FileNotFoundError(f"model folder {model_dir} does not exist")
@@ -111,51 +171,78 @@ def evaluate_main(argv=None):
         raise FileNotFoundError(f"--output {output}: its folder {output.parent} does not exist")
     if output.is_dir():
         raise IsADirectoryError(f"--output {output} is a folder; give the path of the JSON file to write")
-    test = read_parallel(args.source, args.reference)
-    if args.baseline_hypotheses:
-        baseline = read_lines(args.baseline_hypotheses)
-        check_aligned(baseline, test.target, f"--baseline_hypotheses {args.baseline_hypotheses}")
-    decoding = {}  # how the hypotheses were decoded, when this script decoded them
+    return model_dir, exported, output
+
+
+def read_baseline(args, references: list[str]) -> list[str] | None:
+    if not args.baseline_hypotheses:
+        return None
+    baseline = read_lines(args.baseline_hypotheses)
+    check_aligned(baseline, references, f"--baseline_hypotheses {args.baseline_hypotheses}")
+    return baseline
+
+
+def decode_with_ctranslate2(args, model_dir: Path, sources: list[str]) -> tuple[list[str], dict]:
+    """The export's translations on the CPU, and how they were decoded."""
+    decoding = {"engine": "ctranslate2", "hardware": describe_hardware("cpu").as_dict()}
+    hypotheses = translate_ctranslate2(
+        model_dir,
+        sources,
+        beam_size=args.num_beams,
+        length_penalty=args.length_penalty,
+        length_control=length_control_flags(args),
+        batch_size=args.batch_size,
+        threads=args.threads,
+    )
+    return hypotheses, decoding
+
+
+def decode_with_model(args, model_dir: Path, sources: list[str]) -> tuple[list[str], dict]:
+    """The model's translations in the chosen precision, and how they were decoded."""
+    model, tokenizer = load_translation_model(model_dir)
+    overrides = {
+        k: v
+        for k, v in (("num_beams", args.num_beams), ("length_penalty", args.length_penalty))
+        if v is not None
+    }
+    overrides.update(length_control_flags(args))
+    beams = args.num_beams or model.generation_config.num_beams or 1
+    precision = choose_precision(
+        args.precision,
+        model.device,
+        model.config.d_model,
+        model.config.decoder_ffn_dim,
+        args.batch_size * beams,
+    )
+    print(f"decoding in {precision.line()}")
+    decoding = {"precision": precision.as_dict(), "hardware": describe_hardware(model.device).as_dict()}
+    hypotheses = translate(
+        model,
+        tokenizer,
+        sources,
+        batch_size=args.batch_size,
+        bf16=precision.precision == "bf16",
+        **overrides,
+    )
+    return hypotheses, decoding
+
+
+def hypotheses_to_score(args, model_dir: Path, exported: bool, test) -> tuple[list[str], dict]:
+    """The translations to score (read from --hypotheses, or decoded and written to `<model>/evaluation.hyp`),
+    and how they were decoded ({} when read)."""
     if args.hypotheses:
         hypotheses = read_lines(args.hypotheses)
         check_aligned(hypotheses, test.target, f"--hypotheses {args.hypotheses}")
-    elif exported:
-        decoding = {"engine": "ctranslate2", "hardware": describe_hardware("cpu").as_dict()}
-        hypotheses = translate_ctranslate2(
-            model_dir,
-            test.source,
-            beam_size=args.num_beams,
-            length_penalty=args.length_penalty,
-            batch_size=args.batch_size,
-            threads=args.threads,
-        )
-        (model_dir / "evaluation.hyp").write_text("\n".join(hypotheses) + "\n")
-    else:
-        model, tokenizer = load_translation_model(model_dir)
-        overrides = {
-            k: v
-            for k, v in (("num_beams", args.num_beams), ("length_penalty", args.length_penalty))
-            if v is not None
-        }
-        beams = args.num_beams or model.generation_config.num_beams or 1
-        precision = choose_precision(
-            args.precision,
-            model.device,
-            model.config.d_model,
-            model.config.decoder_ffn_dim,
-            args.batch_size * beams,
-        )
-        print(f"decoding in {precision.line()}")
-        decoding = {"precision": precision.as_dict(), "hardware": describe_hardware(model.device).as_dict()}
-        hypotheses = translate(
-            model,
-            tokenizer,
-            test.source,
-            batch_size=args.batch_size,
-            bf16=precision.precision == "bf16",
-            **overrides,
-        )
-        (model_dir / "evaluation.hyp").write_text("\n".join(hypotheses) + "\n")
+        return hypotheses, {}
+    decode = decode_with_ctranslate2 if exported else decode_with_model
+    hypotheses, decoding = decode(args, model_dir, test.source)
+    (model_dir / "evaluation.hyp").write_text("\n".join(hypotheses) + "\n")
+    return hypotheses, decoding
+
+
+def score_report(args, model_dir: Path, test, hypotheses: list[str], baseline, decoding: dict) -> dict:
+    """Scores, the paired bootstrap against the baseline and the n-gram sweep (its plot written beside the
+    model), with how the hypotheses were decoded."""
     report = {"test_set": test.name, "scores": score_translations(hypotheses, test.target), **decoding}
     if args.baseline_hypotheses:
         report["paired_bootstrap"] = paired_bootstrap(
@@ -167,8 +254,10 @@ def evaluate_main(argv=None):
         plot_ngram_sweep(
             report["ngram_sweep"], model_dir / "ngram_sweep.png", title=f"{model_dir.name} − baseline"
         )
-    output.write_text(json.dumps(report, indent=2) + "\n")
+    return report
 
+
+def print_report(report: dict, output: Path) -> None:
     scores = report["scores"]
     print(f"BLEU    {scores['bleu']:6.2f}  {scores['bleu_signature']}")
     print(f"chrF++  {scores['chrf++']:6.2f}  {scores['chrf++_signature']}")
@@ -178,4 +267,19 @@ def evaluate_main(argv=None):
             f"(p = {result['p_value']}, 95% CI ±{result['system_95ci']})"
         )
     print(f"wrote {output}")
+
+
+def evaluate_main(argv=None):
+    parser = evaluate_parser()
+    args = parser.parse_args(argv)
+    check_flags(parser, args)
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
+    model_dir, exported, output = check_paths(parser, args)
+    test = read_parallel(args.source, args.reference)
+    baseline = read_baseline(args, test.target)
+    hypotheses, decoding = hypotheses_to_score(args, model_dir, exported, test)
+    report = score_report(args, model_dir, test, hypotheses, baseline, decoding)
+    output.write_text(json.dumps(report, indent=2) + "\n")
+    print_report(report, output)
     return report
