@@ -11,20 +11,6 @@ from hf_posenc.base import all_positions_context
 from tests.helpers import VOCAB
 
 
-def encoder_context(encoding, lengths: list[int], total: int) -> PositionContext:
-    """Right-padded encoder positions (B, total), counted as the model counts them (padding clamped)."""
-    keep = torch.arange(total)[None] < torch.tensor(lengths)[:, None]  # (B, L)
-    positions = (keep.long().cumsum(-1) - 1).clamp(min=0)
-    return PositionContext(encoding, positions, positions)
-
-
-def decoder_context(encoding, past: int, new: int, offsets=(0,)) -> PositionContext:
-    """Decoder self-attention after `past` cached tokens: queries past..past+new-1, keys 0..past+new-1, each
-    row shifted by its offset (SHAPE)."""
-    keys = torch.arange(past + new)[None] + torch.tensor(offsets)[:, None]  # (B, k)
-    return PositionContext(encoding, keys[:, past:], keys)
-
-
 def visible_pairs(context: PositionContext, causal: bool) -> torch.Tensor:
     """(B, 1, q, k) bool: the (query, key) pairs whose bias attention uses."""
     visible = torch.ones(context.query_positions.shape[1], context.key_positions.shape[1], dtype=torch.bool)
@@ -95,7 +81,9 @@ def randomised_fire(model, stack: str):
         ("decoder", "shifted"),
     ],
 )
-def test_fire_bias_equals_the_equation_pair_by_pair(stack, layout, tiny_model):
+def test_fire_bias_equals_the_equation_pair_by_pair(
+    stack, layout, tiny_model, decoder_context, encoder_context
+):
     """FIRE's grid-and-gather bias equals f_θ(ψ(|i - j|) / ψ(max(L, s))) for every visible pair: the decoder's
     causal form (full forward, a cached step, rows shifted by SHAPE) and our bidirectional encoder extension
     (mirrored normaliser n - 1 - i and a second MLP for keys after the query), with queries on both sides of
