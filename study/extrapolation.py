@@ -82,6 +82,8 @@ SENTENCE_BREAK = re.compile(r"(?<=[.!?])\s+")  # the space after a full stop, qu
 CONTENT_WORD = re.compile(r"\w{4,}")
 NO_USABLE_SEED = "no call: every seed degenerate"  # the row cannot answer: its model ignores the source
 MIDDLE, END = slice(2, TARGET_K - 2), slice(TARGET_K - 2, TARGET_K)  # places 3-6 and 7-8 of the k = 8 inputs
+# The rows the rule judges: those of the extrapolation and length-options tables, without their plain reference.
+RULED_ROWS = [system.name for table in ("extrapolation", "length_options") for system in TABLES[table][1:]]
 REPEATED_LOOP = 0.05  # a share of repeated sentences at k = 16 above this (the references: 0-1%) is a loop
 
 
@@ -314,8 +316,7 @@ def system_cells(results: Results, pair: str, name: str, found: list[Run], gap: 
 def extrapolation_section(results: Results, pair: str, docs: Path) -> list[str]:
     """The report's extrapolation section of a pair (none before a row of the table has a run), its figure drawn
     into `docs`."""
-    systems = [s.name for s in TABLES["extrapolation"][1:]]  # the rows, without the plain reference
-    runs = {name: found for name in systems if (found := results.runs_of(pair, name))}
+    runs = {name: found for name in RULED_ROWS if (found := results.runs_of(pair, name))}
     if not runs:
         return []
     gaps = coverage_gaps(results, runs)
@@ -332,9 +333,11 @@ def extrapolation_section(results: Results, pair: str, docs: Path) -> list[str]:
     return [
         "### Extrapolation past the training length",
         "",
-        "Every system here trained on the comparison protocol with half its training examples 2-4 joined pairs "
-        "(at most the recipe's 128 tokens a side, about 4 test sentences) and a 512-position table, and was "
-        "measured with k = 1, 2, 4, 8, 16 consecutive test sentences joined into one input. Kept: the joined BLEU "
+        "Every system here (the rows of the extrapolation and length-options tables) trained on the comparison "
+        "protocol with half its training examples 2-4 joined pairs (at most the recipe's 128 tokens a side, about 4 "
+        "test sentences) and a 512-position table, or decodes the models of such a row its own way (a decode-time "
+        "option), and was measured with k = 1, 2, 4, 8, 16 consecutive test sentences joined into one input. Kept: "
+        "the joined BLEU "
         "over the **ceiling**'s, the same model's k = 1 translations of the same sentences joined (mean over seeds; "
         "± their standard deviation); ratio: the hypothesis / reference length ratio; sentence ends: the share of "
         "the references' sentence ends the translations hold. The rule (docs/length.md): target: keep "
@@ -487,11 +490,11 @@ def target_summary(results: Results, pair: str) -> str:
     """The README's sentence on the rule: which systems meet, miss or cannot yet be called on the target and the
     floor (empty before a row of the table has a run)."""
     calls: dict[str, dict[str, list[str]]] = {"target": {}, "floor": {}}
-    for system in TABLES["extrapolation"][1:]:
-        runs = results.runs_of(pair, system.name)
-        if runs and (verdicts := bar_verdicts(results, pair, system.name, runs)) is not None:
+    for name in RULED_ROWS:
+        runs = results.runs_of(pair, name)
+        if runs and (verdicts := bar_verdicts(results, pair, name, runs)) is not None:
             for bar, by_verdict in calls.items():
-                by_verdict.setdefault(verdicts[bar].strip("*"), []).append(f"`{system.name}`")
+                by_verdict.setdefault(verdicts[bar].strip("*"), []).append(f"`{name}`")
     if not calls["target"]:
         return ""
     text = {

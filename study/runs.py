@@ -32,11 +32,12 @@ from hf_posenc.analysis.word_order_probe import word_order_probe
 from hf_posenc.configuration_marian_posenc import RENAMED_FIELDS
 from hf_posenc.pipeline.data.files import read_split
 from hf_posenc.pipeline.evaluation.decoding import load_translation_model, translate
+from hf_posenc.pipeline.evaluation.scoring import score_translations
 from hf_posenc.pipeline.training.arguments import ARGUMENT_CLASSES, load_recipe
 from hf_posenc.pipeline.training.arguments import parse_args as parse_train_args
 from hf_posenc.pipeline.training.hardware import choose_precision
 
-from .tables import SYSTEMS, TABLES, length_k
+from .tables import DECODING, SYSTEMS, TABLES, length_k
 
 logger = logging.getLogger(__name__)
 LOG_FORMAT = "%(asctime)s %(name)s: %(message)s"
@@ -121,9 +122,17 @@ def train_arguments(run: Run, args) -> list[str]:
     ]
 
 
+def trained_run(run: Run) -> Run:
+    """The run whose trained model `run` measures: itself, or for a decode-time row the run of the row it decodes."""
+    decoding = DECODING.get(run.system)
+    return run if decoding is None else Run(run.recipe, run.pair, decoding.trained_as, run.seed)
+
+
 def run_settings(run: Run, args) -> dict:
-    """What a finished run is recognised by: its train.py arguments, the recipe's contents, and the settings of
-    its measurements."""
+    """What a finished run is recognised by: its train.py arguments, the recipe's contents, the settings of its
+    measurements, and for a decode-time row those of the row it decodes and its decoding."""
+    if (decoding := DECODING.get(run.system)) is not None:
+        return {**run_settings(trained_run(run), args), "decoding": {**vars(decoding)}}
     return {
         "train_arguments": train_arguments(run, args),
         "recipe": load_recipe(run.recipe),
@@ -208,6 +217,8 @@ def execute(run: Run, args, deadline: float | None = None) -> str:
     run starts after `deadline` (seconds since the epoch)."""
     if deadline is not None and time.time() > deadline:
         return f"{run.label()}: not started (--stop_after_minutes)"
+    if run.system in DECODING:
+        return execute_decoding(run, args)
     models, results = run.folder(args.models_dir), run.folder(args.results_dir)
     checkpoints = Path(f"{models}-checkpoints")
     if any(checkpoints.glob("checkpoint-*/trainer_state.json")):
@@ -229,17 +240,43 @@ def execute(run: Run, args, deadline: float | None = None) -> str:
     return f"{run.label()}: BLEU {bleu:.2f} in {minutes:.1f} min"
 
 
+def execute_decoding(run: Run, args) -> str:
+    """Measure a decode-time row on the trained model of the row it decodes, once that model exists."""
+    trained = trained_run(run)
+    models = trained.folder(args.models_dir)
+    if not (models / "config.json").is_file() or not done(trained, args):
+        return f"{run.label()}: not started: {trained.label()} is not trained yet (run the command again after it)"
+    started = time.monotonic()
+    measure(run, models, run.folder(args.results_dir), args)
+    bleu = json.loads((run.folder(args.results_dir) / "scores.json").read_text())["bleu"]
+    return f"{run.label()}: BLEU {bleu:.2f} in {(time.monotonic() - started) / 60:.1f} min (decoding only)"
+
+
+def decoded_test_set(run: Run, models: Path, results: Path, test, bf16: bool) -> None:
+    """A decode-time row's own test translations and scores: the trained row's scores.json with BLEU, chrF++ and
+    their signatures from this row's decoding, and the decoding recorded."""
+    decoding = DECODING[run.system]
+    model, tokenizer = load_translation_model(models, **decoding.config)
+    hypotheses = translate(model, tokenizer, test.source, bf16=bf16, **decoding.generate)
+    scores = json.loads((models / "scores.json").read_text())
+    scores.update(score_translations(hypotheses, test.target), decoding=vars(decoding))
+    (results / "scores.json").write_text(json.dumps(scores, indent=2) + "\n")
+    text = "".join(f"{line}\n" for line in hypotheses).encode()
+    (results / f"test.hyp.{run.target_lang}.gz").write_bytes(gzip.compress(text, mtime=0))
+
+
 def measure(run: Run, models: Path, results: Path, args) -> None:
     """The probe and the length harness on the trained model; then the run's small results into `results`,
     settings.json last (it marks the run finished)."""
     test = test_set(run.recipe, run.pair, args.test_limit)
     bf16 = args.run_precision == "bf16"
-    model, tokenizer = load_translation_model(models)
+    decoding = DECODING.get(run.system)
+    model, tokenizer = load_translation_model(models, **(decoding.config if decoding else {}))
     sources = test.source[: args.probe_sentences]
     probes = word_order_probe(
         model, tokenizer, sources, num_permutations=2, num_beams=1, max_new_tokens=64, bf16=bf16
     )
-    length, joined = length_harness(models, test, run_settings(run, args)["length_k"], bf16)
+    length, joined = length_harness(models, test, run_settings(run, args)["length_k"], bf16, decoding)
     results.mkdir(parents=True, exist_ok=True)
     probe = {"sentences": args.probe_sentences, **{p.kind: vars(p) for p in probes}}
     (results / "word_order_probe.json").write_text(json.dumps(probe, indent=2) + "\n")
@@ -249,26 +286,33 @@ def measure(run: Run, models: Path, results: Path, args) -> None:
         (results / JOINED_TRANSLATIONS.format(k=k, lang=run.target_lang)).write_bytes(
             gzip.compress(text, mtime=0)
         )
-    shutil.copy(models / "scores.json", results / "scores.json")
-    hypotheses = (models / f"test.hyp.{run.target_lang}").read_bytes()
-    (results / f"test.hyp.{run.target_lang}.gz").write_bytes(gzip.compress(hypotheses, mtime=0))
+    if decoding is None:
+        shutil.copy(models / "scores.json", results / "scores.json")
+        hypotheses = (models / f"test.hyp.{run.target_lang}").read_bytes()
+        (results / f"test.hyp.{run.target_lang}.gz").write_bytes(gzip.compress(hypotheses, mtime=0))
+    else:
+        decoded_test_set(run, models, results, test, bf16)
     (results / SETTINGS).write_text(json.dumps(run_settings(run, args), indent=2) + "\n")
 
 
-def length_harness(models: Path, test, k: list[int], bf16: bool) -> tuple[dict, dict[int, list[str]]]:
+def length_harness(
+    models: Path, test, k: list[int], bf16: bool, decoding=None
+) -> tuple[dict, dict[int, list[str]]]:
     """The length harness (`analysis.length_generalisation`, as its `length_generalisation_for_model_dir` runs
     it, with the same settings record) on the trained model, and what the model wrote for the inputs of every
     k > 1 joined sentences: the harness keeps only their scores, and the translations are what shows how a model
     fails there (one sentence written for four). A k whose inputs need more positions than the model holds has
-    no translations."""
-    model, tokenizer = load_translation_model(models)
+    no translations. A decode-time row's `decoding` loads and decodes the model its way."""
+    model, tokenizer = load_translation_model(models, **(decoding.config if decoding else {}))
     if torch.cuda.is_available():
         model = model.cuda()
     inputs = {tuple(join_consecutive(test.source, test.target, size)[0]): size for size in k if size > 1}
     written: dict[int, list[str]] = {}
 
     def translator(sources: list[str]) -> list[str]:
-        hypotheses = translate(model, tokenizer, sources, bf16=bf16)
+        hypotheses = translate(
+            model, tokenizer, sources, bf16=bf16, **(decoding.generate if decoding else {})
+        )
         if (size := inputs.get(tuple(sources))) is not None:
             written[size] = hypotheses
         return hypotheses

@@ -30,6 +30,7 @@ TABLE_TITLES = {
     "length": "Length generalisation: extrapolating encodings and training options",
     "extrapolation": "Extrapolation past the training length: length-relevant encodings trained on 2-4 joined "
     "sentences",
+    "length_options": "Translating past the training length: each length option on the best extrapolation rows",
 }
 
 # Training on 2-4 joined pairs (Varis & Bojar 2021) reaches training examples of about 4 test sentences (at most
@@ -41,6 +42,16 @@ EXTRAPOLATION_POSITIONS = {"max_position_embeddings": 512}
 
 
 @dataclass(frozen=True)
+class Decoding:
+    """A decode-time row: the trained models of row `trained_as`, decoded with `generate` settings (generation
+    config fields, e.g. length control) and loaded with `config` fields changed (e.g. `rope_scaling`)."""
+
+    trained_as: str
+    generate: dict = field(default_factory=dict, hash=False)
+    config: dict = field(default_factory=dict, hash=False)
+
+
+@dataclass(frozen=True)
 class Row:
     """An ablation row: config fields over the main system of `module` (None: over the config's defaults), and
     train.py's data fields for a training option."""
@@ -49,10 +60,42 @@ class Row:
     overrides: dict = field(default_factory=dict, hash=False)
     training: dict = field(default_factory=dict, hash=False)
     length_k: tuple[int, ...] = DEFAULT_K  # the joined test sentences the length harness measures
+    decoding: Decoding | None = None  # a decode-time row: no training of its own
 
     def system(self, name: str) -> System:
         base = module_overrides(self.module) if self.module else {}
         return System(name, {**base, **self.overrides}, self.training)
+
+
+LENGTH_OPTION_BASES = ("fire", "kerple")
+# RoPE scaled at inference by the ratio of the k = 16 inputs to the longest training examples (about 4).
+ROPE_SCALINGS = {
+    "linear4": {"rope_type": "linear", "factor": 4.0},
+    "dynamic4": {"rope_type": "dynamic", "factor": 4.0, "original_max_position_embeddings": 128},
+    "yarn4": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 128},
+}
+# Decode-time length control (docs/length.md): no end before the source's sentence count, with the loop guard it
+# turns on.
+LENGTH_CONTROL = {"match_source_sentence_count": True}
+
+
+def length_option_rows(base: str) -> dict[str, Row]:
+    """The length options on `base`+concat4: one row each (name suffix -> row)."""
+    positions = {**EXTRAPOLATION_POSITIONS}
+    sites = ["encoder_self_attention", "decoder_self_attention", "cross_attention"]
+    return {
+        "+randomized": Row(base, {**positions, "randomized_positions_max": 512}, CONCAT4, EXTRAPOLATION_K),
+        "+log-length": Row(base, {**positions, "log_length_scaling": sites}, CONCAT4, EXTRAPOLATION_K),
+        "+sentences": Row(
+            base,
+            {**positions, "sentence_cross_attention_bias": True},
+            {**CONCAT4, "sentence_positions": True},
+            EXTRAPOLATION_K,
+        ),
+        "+length-control": Row(
+            base, positions, CONCAT4, EXTRAPOLATION_K, Decoding(f"{base}+concat4", generate=LENGTH_CONTROL)
+        ),
+    }
 
 
 # The rows of each ablation table after the reference system. None: the system of that name in the main table or an
@@ -155,6 +198,25 @@ ABLATION_ROWS: dict[str, dict[str, Row | None]] = {
             for name in ("rposnet", "mpr_head", "learned")
         },
     },
+    # docs/length.md, "The rule": each length option alone on the two best extrapolation rows (RoPE scaling, which
+    # needs rotary positions, on rope+concat4); decode-time options decode those rows' trained models.
+    "length_options": {
+        **{
+            f"{base}+concat4{suffix}": row
+            for base in LENGTH_OPTION_BASES
+            for suffix, row in length_option_rows(base).items()
+        },
+        **{
+            f"rope+concat4+{kind}": Row(
+                "rope",
+                EXTRAPOLATION_POSITIONS,
+                CONCAT4,
+                EXTRAPOLATION_K,
+                Decoding("rope+concat4", config={"rope_scaling": scaling}),
+            )
+            for kind, scaling in ROPE_SCALINGS.items()
+        },
+    },
 }
 
 
@@ -173,6 +235,15 @@ def comparison_tables() -> dict[str, list[System]]:
 
 TABLES = comparison_tables()
 SYSTEMS: dict[str, System] = {system.name: system for systems in TABLES.values() for system in systems}
+
+
+# The decode-time rows: row name -> what they decode and how.
+DECODING: dict[str, Decoding] = {
+    name: row.decoding
+    for table in ABLATION_ROWS.values()
+    for name, row in table.items()
+    if row and row.decoding
+}
 
 
 def length_k(system: str) -> list[int]:

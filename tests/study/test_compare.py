@@ -506,3 +506,31 @@ def test_a_run_says_the_precision_it_trained_in_and_the_one_it_decoded_in():
     assert precisions(recorded) == "trained in bf16, decoded in bf16"
     recorded = {"precision": "fp32", "training_autocast": "no"}
     assert precisions(recorded) == "trained in fp32, decoded in fp32"
+
+
+def test_a_decode_time_row_measures_the_trained_rows_model_its_own_way(tmp_path, monkeypatch):
+    """A decode-time row (`tables.Decoding`) trains nothing: before its trained row has finished it is not started,
+    after that it decodes that row's model with its own generation settings and records them; the trained row's
+    results stay as they were. (In this process: the study's workers would not see a row added here.)"""
+    folders = ["--models_dir", str(tmp_path / "models"), "--results_dir", str(tmp_path / "results")]
+    flags = [*TINY_COMPARISON, "--train_args", TINY_RUN, *folders, "--report", str(tmp_path / "results.md")]
+    greedy = tables.Decoding("sinusoidal", generate={"num_beams": 1, "length_penalty": 1.0})
+    system = tables.System("sinusoidal+greedy", tables.SYSTEMS["sinusoidal"].overrides)
+    monkeypatch.setitem(tables.DECODING, system.name, greedy)
+    monkeypatch.setitem(tables.SYSTEMS, system.name, system)
+    args = cli.parse_args([*flags, "--systems", "sinusoidal"])
+    args.run_precision = "fp32"
+    decode_run = runs.Run("multi30k-en-de-tiny", "en-de", system.name, 1)
+    assert "not started: sinusoidal seed 1 en-de is not trained yet" in runs.execute(decode_run, args)
+    cli.main([*flags, "--systems", "sinusoidal"])
+    assert "(decoding only)" in runs.execute(decode_run, args)
+    root = tmp_path / "results" / "multi30k-en-de-tiny" / "en-de"
+    trained = json.loads((root / "sinusoidal" / "seed1" / "scores.json").read_text())
+    decoded = json.loads((root / system.name / "seed1" / "scores.json").read_text())
+    assert "decoding" not in trained and decoded["decoding"]["generate"] == greedy.generate
+    assert decoded["steps"] == trained["steps"] == 2  # the trained row's model, not a training of its own
+    settings = json.loads((root / system.name / "seed1" / "settings.json").read_text())
+    assert settings["decoding"]["trained_as"] == "sinusoidal" and runs.done(decode_run, args)
+    recorded = json.loads((root / "sinusoidal" / "seed1" / "settings.json").read_text())
+    assert settings["train_arguments"] == recorded["train_arguments"]
+    assert not (tmp_path / "models" / "multi30k-en-de-tiny" / "en-de" / system.name).exists()

@@ -1,5 +1,5 @@
-"""The report's extrapolation section (#48 part 2): kept shares at k = 1..16, the seeds × groups bootstrap and the
-target's verdict, from runs written the way compare.py writes them."""
+"""The report's extrapolation section: shares of each run's ceiling kept at k = 2..16, the seeds × groups bootstrap
+and the rule's two bars (target, floor), from runs written the way the study writes them."""
 
 import gzip
 import json
@@ -65,12 +65,13 @@ def first_half_only(k: int) -> list[str]:
     return [" ".join(test.target[i : i + max(k // 2, 1)]) for i in range(0, TEST_LIMIT - k + 1, k)]
 
 
-def test_a_perfect_extrapolator_meets_the_target_and_one_that_stops_early_misses_it(tmp_path):
+def test_a_perfect_extrapolator_meets_the_target_and_one_that_stops_early_misses_both_bars(tmp_path):
     args = report_args(tmp_path)
     perfect = {k: joined_references(k) for k in (2, 4, 8, 16)}
     early = {k: first_sentence_only(k) for k in (2, 4, 8, 16)}
     half = {k: first_half_only(k) for k in (2, 4, 8, 16)}
     for seed in (1, 2):
+        write_run(tmp_path, args, "sinusoidal+concat4", seed, perfect, dict.fromkeys(perfect, 1.0))
         write_run(tmp_path, args, "alibi+concat4", seed, perfect, dict.fromkeys(perfect, 1.0))
         write_run(tmp_path, args, "rope+concat4", seed, early, {2: 0.5, 4: 0.25, 8: 0.12, 16: 0.06})
         write_run(tmp_path, args, "kerple+concat4", seed, half, dict.fromkeys(half, 0.5))
@@ -80,10 +81,23 @@ def test_a_perfect_extrapolator_meets_the_target_and_one_that_stops_early_misses
     for line in lines:  # the first table's rows
         if line.startswith("| `"):
             rows.setdefault(line.split(" | ")[0].strip("| `"), line)
-    assert set(rows) == {"alibi+concat4", "rope+concat4", "kerple+concat4", "fire+concat4"}
-    assert "| 100 ± 0% |" in rows["alibi+concat4"] and "[100%, 100%] | **met**" in rows["alibi+concat4"]
-    assert "**missed** | stops early (length ratio 0.12" in rows["rope+concat4"]
-    assert "one seed (no call)" in rows["fire+concat4"]
+    assert set(rows) == {
+        "sinusoidal+concat4",
+        "alibi+concat4",
+        "rope+concat4",
+        "kerple+concat4",
+        "fire+concat4",
+    }
+    assert (
+        "| 100 ± 0% |" in rows["alibi+concat4"]
+        and "[100%, 100%] | [100%, 100%] | **met** | **met** |" in (rows["alibi+concat4"])
+    )
+    assert (
+        "| 100.0 (+0.0, +6" in rows["alibi+concat4"]
+    )  # k = 8 BLEU against FIRE's (perfect) and KERPLE's (half)
+    assert "**missed** | **missed** | stops early (ratio 0." in rows["rope+concat4"]
+    assert "drops the end (end − middle" in rows["kerple+concat4"]
+    assert "one seed (no call) | one seed (no call)" in rows["fire+concat4"]
     assert (tmp_path / "results_en-de_extrapolation.png").is_file()
     words = {k: extrapolation.median_words(joined_references(k)) for k in (4, 8, 16)}
     growth = words[16] - words[8]
@@ -99,9 +113,26 @@ def test_a_perfect_extrapolator_meets_the_target_and_one_that_stops_early_misses
     assert "| `rope+concat4` | 100% |" in "\n".join(lines)  # the first sentence of each input, whole
     assert "| `kerple+concat4` | 100% | 100% | 100% | 100% |" in "\n".join(lines)  # the first half, whole
     assert "less of the end than of the middle: `kerple+concat4` (" in coverage
-    assert extrapolation.target_summary(Results(args), "en-de").endswith(
-        ": met: `alibi+concat4`; missed: `rope+concat4`, `kerple+concat4`; one seed (no call): `fire+concat4`."
+    summary = extrapolation.target_summary(Results(args), "en-de")
+    assert (
+        "met: `sinusoidal+concat4`, `alibi+concat4`; missed: `rope+concat4`, `kerple+concat4`; one seed "
+        in summary
     )
+
+
+def test_the_ceiling_is_each_runs_own_joined_one_sentence_translations(tmp_path):
+    """A run whose k = 1 translations are poor has a low ceiling: joined translations as good as its k = 1 ones keep
+    all of it, although they keep little of the references' BLEU."""
+    args = report_args(tmp_path)
+    run = write_run(tmp_path, args, "alibi+concat4", 1, {8: first_half_only(8)}, {8: 0.5})
+    test = runs.test_set(args.recipe, "en-de", TEST_LIMIT)
+    own = [" ".join(test.target[i : i + 4]) if i % 8 == 0 else "" for i in range(TEST_LIMIT)]
+    (run.folder(tmp_path) / "test.hyp.de.gz").write_bytes(
+        gzip.compress("".join(f"{h}\n" for h in own).encode())
+    )
+    groups = extrapolation.groups(Results(args), run, 8)
+    assert groups.kept() == pytest.approx(1.0) and groups.ratio() < 0.6
+    assert groups.ends() == pytest.approx(0.5)
 
 
 def test_coverage_by_place_counts_the_content_words_each_joined_sentence_keeps_in_its_translation():
@@ -133,30 +164,50 @@ def test_no_section_before_a_row_has_a_run(tmp_path):
 
 def test_the_bootstrap_draws_the_same_groups_for_every_seed_and_keeps_exact_shares():
     references = joined_references(8)
-    test = runs.test_set(cli.COMPARISON_RECIPE, "en-de", TEST_LIMIT)
-    plain = sentence_statistics(test.target, test.target).reshape(4, 8, -1).sum(axis=1)
-    joined = sentence_statistics(references, references)
-    kept, ratio = extrapolation.kept_samples([(plain, joined), (plain, joined)], samples=100)
-    assert kept.shape == ratio.shape == (100,)
-    assert np.allclose(kept, 1.0) and np.allclose(ratio, 1.0)
-    halved = sentence_statistics(first_sentence_only(8), references)
-    kept, ratio = extrapolation.kept_samples([(plain, halved)], samples=100)
-    assert (kept < 0.5).all() and (ratio < 0.3).all()
+    ends = np.array([r.count(".") for r in references])
+    exact = extrapolation.Groups(*(2 * [sentence_statistics(references, references)]), ends, ends)
+    samples = extrapolation.bar_samples([exact, exact], samples=100)
+    assert {name: values.shape for name, values in samples.items()} == dict.fromkeys(
+        ("kept", "ratio", "ends"), (100,)
+    )
+    assert all(np.allclose(values, 1.0) for values in samples.values())
+    early = first_sentence_only(8)
+    halved = extrapolation.Groups(
+        sentence_statistics(early, references), exact.ceiling, np.array([h.count(".") for h in early]), ends
+    )
+    samples = extrapolation.bar_samples([halved], samples=100)
+    assert (samples["kept"] < 0.5).all() and (samples["ratio"] < 0.3).all() and (samples["ends"] < 0.2).all()
+
+
+TARGET_AT_8 = extrapolation.TARGET[0]
 
 
 @pytest.mark.parametrize(
-    "kept, ratio, seeds, verdict",
+    "kept, ratio, ends, call",
     [
-        ((0.75, 0.9), (0.95, 1.0), 2, "**met**"),
-        ((0.65, 0.9), (0.95, 1.0), 2, "undecided (2 seeds)"),
-        ((0.75, 0.9), (0.85, 0.95), 3, "undecided (3 seeds)"),
-        ((0.5, 0.69), (0.95, 1.0), 2, "**missed**"),
-        ((0.8, 0.9), (0.8, 0.89), 2, "**missed**"),
-        ((0.8, 0.9), (0.95, 1.0), 1, "one seed (no call)"),
+        ((0.92, 0.97), (0.96, 1.04), (0.96, 1.0), "met"),
+        ((0.85, 0.97), (0.96, 1.04), (0.96, 1.0), "undecided"),
+        ((0.92, 0.97), (1.0, 1.08), (0.96, 1.0), "undecided"),
+        ((0.92, 0.97), (1.06, 1.08), (0.96, 1.0), "missed"),
+        ((0.5, 0.89), (0.96, 1.04), (0.96, 1.0), "missed"),
+        ((0.92, 0.97), (0.96, 1.04), (0.7, 0.9), "missed"),
     ],
 )
-def test_target_verdict_follows_the_intervals(kept, ratio, seeds, verdict):
-    assert extrapolation.target_verdict(kept, ratio, seeds) == verdict
+def test_a_bound_is_met_inside_its_limits_and_missed_wholly_outside_one(kept, ratio, ends, call):
+    assert extrapolation.bound_call(TARGET_AT_8, {"kept": kept, "ratio": ratio, "ends": ends}) == call
+
+
+@pytest.mark.parametrize(
+    "calls, seeds, verdict",
+    [
+        (["met", "met", "met"], 2, "**met**"),
+        (["met", "undecided", "met"], 3, "undecided (3 seeds)"),
+        (["met", "undecided", "missed"], 2, "**missed**"),
+        (["met", "met"], 1, "one seed (no call)"),
+    ],
+)
+def test_a_bar_is_met_when_every_bound_is_and_missed_when_one_is(calls, seeds, verdict):
+    assert extrapolation.combined_call(calls, seeds) == verdict
 
 
 def test_degenerate_runs_are_left_out_of_the_target_test(tmp_path, monkeypatch):
@@ -177,8 +228,8 @@ def test_degenerate_runs_are_left_out_of_the_target_test(tmp_path, monkeypatch):
     rows = {line.split(" | ")[0].strip("| `"): line for line in lines if line.startswith("| `")}
     assert "one seed (no call)" in rows["alibi+concat4` (degenerate: seed 1)"]
     nope = rows["nope-decoder+concat4` (degenerate: seed 1, seed 2)"]
-    assert nope.endswith(f"| – | {extrapolation.NO_USABLE_SEED} |  |")
+    no_call = extrapolation.NO_USABLE_SEED
+    assert nope.endswith(f"| – | – | {no_call} | {no_call} |  |")
     assert "whatever the input: none." in "\n".join(lines)  # garbage is not a decoder that stops early
-    assert extrapolation.target_summary(Results(args), "en-de").endswith(
-        f"one seed (no call): `alibi+concat4`; {extrapolation.NO_USABLE_SEED}: `nope-decoder+concat4`."
-    )
+    summary = extrapolation.target_summary(Results(args), "en-de")
+    assert f"one seed (no call): `alibi+concat4`; {no_call}: `nope-decoder+concat4`." in summary

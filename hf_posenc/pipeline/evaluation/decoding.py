@@ -136,8 +136,9 @@ def translate_by_sentence(model, tokenizer, sources: Sequence[str], batch_size: 
     return [" ".join(next(translations) for _ in sentences) for sentences in texts]
 
 
-def load_translation_model(folder, trust_remote_code: bool = False):
-    """(model, tokenizer) of a saved model folder, with errors that name what is missing."""
+def load_translation_model(folder, trust_remote_code: bool = False, **config_fields):
+    """(model, tokenizer) of a saved model folder, with errors that name what is missing; `config_fields` change
+    the saved config's fields for this load (e.g. `rope_scaling` at inference)."""
     from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 
     folder = Path(folder)
@@ -151,5 +152,5 @@ def load_translation_model(folder, trust_remote_code: bool = False):
         raise ValueError(
             f"{folder} has no tokenizer (tokenizer.json); save the tokenizer beside the model, as train.py does"
         )
-    model = AutoModelForSeq2SeqLM.from_pretrained(folder, trust_remote_code=trust_remote_code)
+    model = AutoModelForSeq2SeqLM.from_pretrained(folder, trust_remote_code=trust_remote_code, **config_fields)
     return model, AutoTokenizer.from_pretrained(folder, trust_remote_code=trust_remote_code)

@@ -90,7 +90,9 @@ class DataArguments:
 
     data_dir: str = field(
         default="multi30k",
-        metadata={"help": "a folder of {split}.{lang}[.gz] files (the default and a recipe's: under the data root)"},
+        metadata={
+            "help": "a folder of {split}.{lang}[.gz] files (the default and a recipe's: under the data root)"
+        },
     )
     data_root: str | None = field(
         default=None,
@@ -231,6 +233,13 @@ class ModelArguments:
     ffn_dim: int | None = field(default=None, metadata={"help": "feed-forward width of both stacks"})
     dropout: float | None = None
     max_position_embeddings: int | None = None
+    sentence_positions: bool = field(
+        default=False,
+        metadata={
+            "help": "sentence-aware positions (docs/length.md): the tokenizer's sentence-end tokens become the "
+            "config's sentence_end_token_ids"
+        },
+    )
     config_overrides: str = field(
         default="{}", metadata={"help": "JSON of further MarianPosEncConfig fields"}
     )
@@ -623,8 +632,14 @@ def flag_names(args: Arguments) -> dict[str, str]:
     return {name: flags.get(name, f"--{name}") for name in model_fields(args)}
 
 
-def model_fields(args: Arguments) -> dict:
-    """The MarianPosEncConfig fields the user (or recipe) set: the model flags, then --config_overrides."""
+# The sentence-end id the settings check validates `--sentence_positions` with, before the tokenizer exists (not the
+# padding, end-of-sequence or decoder-start id of the check's stand-in vocabulary).
+SENTENCE_END_STAND_IN = 2
+
+
+def model_fields(args: Arguments, sentence_end_ids: list[int] | None = None) -> dict:
+    """The MarianPosEncConfig fields the user (or recipe) set: the model flags, then --config_overrides; with
+    --sentence_positions, `sentence_end_ids` (the tokenizer's) as `sentence_end_token_ids`."""
     model = args.model
     names = (
         "position_encoding",
@@ -648,13 +663,19 @@ def model_fields(args: Arguments) -> dict:
     }
     fields = {name: value for name, value in fields.items() if value is not None}
     fields.update(json.loads(model.config_overrides))
+    if model.sentence_positions:
+        fields["sentence_end_token_ids"] = (
+            [SENTENCE_END_STAND_IN] if sentence_end_ids is None else sentence_end_ids
+        )
     return fields
 
 
-def model_config(args: Arguments, vocab_size: int, pad: int, eos: int) -> MarianPosEncConfig:
+def model_config(
+    args: Arguments, vocab_size: int, pad: int, eos: int, sentence_end_ids: list[int] | None = None
+) -> MarianPosEncConfig:
     """The config from what the user (or recipe) set: unset fields keep MarianPosEncConfig's defaults. An
     invalid setting is a ValueError naming the field."""
-    fields = model_fields(args)
+    fields = model_fields(args, sentence_end_ids)
     tokens = dict(
         vocab_size=vocab_size,
         pad_token_id=pad,

@@ -29,6 +29,7 @@ from transformers.trainer_callback import ProgressCallback
 
 from ...base import PositionLimitError
 from ...configuration_marian_posenc import MarianPosEncConfig
+from ...generation_length import sentence_end_token_ids
 from ...modeling_marian_posenc import (
     MAX_NEW_TOKENS_OVER_SOURCE,
     PAPER_1_DECODING,
@@ -143,10 +144,23 @@ def source_target_length_ratio(dataset) -> float:
     return round(source_tokens / target_tokens, 4)
 
 
-def data_config(args: Arguments, vocab_size: int, pad: int, eos: int, train) -> MarianPosEncConfig:
+def tokenizer_sentence_ends(args: Arguments, tokenizer) -> list[int] | None:
+    """With --sentence_positions, the tokenizer's sentence-end tokens; an error where it has none."""
+    if not args.model.sentence_positions:
+        return None
+    if not (ids := sentence_end_token_ids(tokenizer)):
+        raise ValueError(
+            "--sentence_positions: the tokenizer has no token that ends a sentence (., !, ? or one ending in them)"
+        )
+    return ids
+
+
+def data_config(
+    args: Arguments, vocab_size: int, pad: int, eos: int, train, sentence_end_ids: list[int] | None = None
+) -> MarianPosEncConfig:
     """`model_config` with what the training data decide: gamma of rPosNet cross-attention (paper 2 Eq. 10,
-    the source/target length ratio) unless set."""
-    config = model_config(args, vocab_size, pad, eos)
+    the source/target length ratio) unless set, and the tokenizer's sentence ends (`tokenizer_sentence_ends`)."""
+    config = model_config(args, vocab_size, pad, eos, sentence_end_ids)
     if config.cross_attention == "rposnet" and "rposnet_length_ratio" not in json.loads(
         args.model.config_overrides
     ):
@@ -161,7 +175,7 @@ def pretrained_model(args: Arguments, data: PreparedData):
     """--model_name_or_path's model with the command line's model settings (`pretrained.load_pretrained`); gamma
     of rPosNet cross-attention from the training data where this run brings that mixer in and leaves it unset."""
     check_tokenizer(data.tokenizer, args.pretrained, tokenizer_source(args))
-    fields = model_fields(args)
+    fields = model_fields(args, tokenizer_sentence_ends(args, data.tokenizer))
     if fields.get("cross_attention") == "rposnet" and "rposnet_length_ratio" not in fields:
         fields["rposnet_length_ratio"] = source_target_length_ratio(data.train)
     return load_pretrained(args.model.model_name_or_path, fields, args.model.architecture)
@@ -211,7 +225,8 @@ def build_model(args: Arguments, data: PreparedData):
 
 def new_model(args: Arguments, data: PreparedData, pad: int, eos: int):
     """A model from scratch, with the config the settings give (`data_config`), and that config."""
-    config = data_config(args, len(data.tokenizer), pad, eos, data.train)
+    ends = tokenizer_sentence_ends(args, data.tokenizer)
+    config = data_config(args, len(data.tokenizer), pad, eos, data.train, ends)
     if args.model.architecture == "stock_marian":
         model = MarianMTModel(config.to_marian_config())
         # our models' decoding; Marian has no source + 50 rule, so it may write the longest accepted sentence + 50

@@ -280,3 +280,29 @@ def test_train_short_keeps_only_short_pairs_and_concatenation_joins_them_afterwa
         arguments.parse_args([*flags, "--concat_probability", "1.0", "--concat_group_sizes", "4"])
     )
     assert len(fours.train) == (len(short.train) + 3) // 4
+
+
+def test_sentence_positions_take_the_tokenizers_sentence_ends_into_the_saved_config(tmp_path, tiny_run_flags):
+    """`--sentence_positions`: the model's config gets the BPE's sentence-end tokens (docs/length.md), the run
+    trains, and the saved folder loads with them; without the flag the config has none."""
+    from transformers import AutoConfig, AutoTokenizer
+
+    from hf_posenc.generation_length import sentence_end_token_ids
+
+    flags = [
+        *tiny_run_flags(),
+        "--max_steps",
+        "2",
+        "--minutes",
+        "0",
+        "--schedule",
+        "fixed",
+        "--average_last",
+        "0",
+    ]
+    run.main([*flags, "--sentence_positions", "true", "--output_dir", str(tmp_path / "sentences")])
+    config = AutoConfig.from_pretrained(tmp_path / "sentences")
+    ends = sentence_end_token_ids(AutoTokenizer.from_pretrained(tmp_path / "sentences"))
+    assert ends and config.sentence_end_token_ids == ends
+    args = arguments.parse_args([*flags, "--output_dir", str(tmp_path / "plain")])
+    assert run.data_config(args, 400, 0, 1, train=None).sentence_end_token_ids == []
