@@ -25,8 +25,8 @@ is not, module by module):
   scaling, as ours). CTranslate2's encoder has no ALiBi option.
 
 Content attention is the only token mixer CTranslate2 has (`MultiHeadAttentionSpec`), without the gating of
-paper 2. The tests (tests/test_ctranslate2.py) check greedy and beam-4 decoding token for token against
-`generate` for every exportable module. `translate_ctranslate2` maps the saved generation config onto
+paper 2. The tests (tests/pipeline/export/test_ctranslate2.py) check greedy and beam-4 decoding token for token
+against `generate` for every exportable module. `translate_ctranslate2` maps the saved generation config onto
 `Translator.translate_batch`; docs/export.md lists the mapping and where the two decoders differ.
 """
 
