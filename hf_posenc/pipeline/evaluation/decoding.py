@@ -84,21 +84,15 @@ def translate(
     on (the length harness's ceiling, docs/length.md).
     """
     check_number("batch_size", batch_size, minimum=1, integer=True)
+    progress = {"progress_every_seconds": progress_every_seconds, "progress_stream": progress_stream}
+    progress["progress_bar"] = progress_bar
     if split_sentences:
         if sources and not isinstance(sources[0], str):
             raise ValueError(
                 "split_sentences=True needs source texts, not token ids (ids cannot be cut into sentences)"
             )
         return translate_by_sentence(
-            model,
-            tokenizer,
-            sources,
-            batch_size,
-            bf16,
-            progress_every_seconds=progress_every_seconds,
-            progress_stream=progress_stream,
-            progress_bar=progress_bar,
-            **generate_kwargs,
+            model, tokenizer, sources, batch_size, bf16, **progress, **generate_kwargs
         )
     check_decoding_settings(model, generate_kwargs)
     model.eval()
@@ -110,22 +104,25 @@ def translate(
     started = time.monotonic()
     for start in range(0, len(order), batch_size):
         indices = order[start : start + batch_size]
-        chunk = [sources[i] for i in indices]
-        if isinstance(chunk[0], str):
-            batch = tokenizer(chunk, return_tensors="pt", padding=True)
-        else:
-            batch = tokenizer.pad({"input_ids": [list(ids) for ids in chunk]}, return_tensors="pt")
-        with torch.autocast(device_type=model.device.type, dtype=torch.bfloat16, enabled=bf16):
-            generated = model.generate(**batch.to(model.device), **generate_kwargs)
-        for index, text in zip(
-            indices, tokenizer.batch_decode(generated, skip_special_tokens=True), strict=True
-        ):
+        texts = generate_batch(model, tokenizer, [sources[i] for i in indices], bf16, generate_kwargs)
+        for index, text in zip(indices, texts, strict=True):
             outputs[index] = text
         done = start + len(indices)
         rate = done / max(time.monotonic() - started, 1e-9)
         report.update(done, f"{done}/{len(sources)} sentences, {rate:.1f} sentences/s")
     report.close()
     return outputs
+
+
+def generate_batch(model, tokenizer, chunk: list, bf16: bool, generate_kwargs: dict) -> list[str]:
+    """One padded batch of texts or token ids through `generate`, decoded to text."""
+    if isinstance(chunk[0], str):
+        batch = tokenizer(chunk, return_tensors="pt", padding=True)
+    else:
+        batch = tokenizer.pad({"input_ids": [list(ids) for ids in chunk]}, return_tensors="pt")
+    with torch.autocast(device_type=model.device.type, dtype=torch.bfloat16, enabled=bf16):
+        generated = model.generate(**batch.to(model.device), **generate_kwargs)
+    return tokenizer.batch_decode(generated, skip_special_tokens=True)
 
 
 def translate_by_sentence(model, tokenizer, sources: Sequence[str], batch_size: int, bf16: bool, **kwargs):
@@ -152,5 +149,7 @@ def load_translation_model(folder, trust_remote_code: bool = False, **config_fie
         raise ValueError(
             f"{folder} has no tokenizer (tokenizer.json); save the tokenizer beside the model, as train.py does"
         )
-    model = AutoModelForSeq2SeqLM.from_pretrained(folder, trust_remote_code=trust_remote_code, **config_fields)
+    model = AutoModelForSeq2SeqLM.from_pretrained(
+        folder, trust_remote_code=trust_remote_code, **config_fields
+    )
     return model, AutoTokenizer.from_pretrained(folder, trust_remote_code=trust_remote_code)

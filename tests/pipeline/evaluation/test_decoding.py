@@ -113,3 +113,17 @@ def test_translate_refuses_settings_that_decode_garbage(
         translate(model, bpe_tokenizer, SOURCES, **given)
     for word in words:
         assert word in str(error.value)
+
+
+def test_split_sentences_translates_each_sentence_alone_and_joins_them_in_order(model_dir):
+    """`split_sentences=True` (the length harness's ceiling, and a document's fallback): a text of three sentences
+    comes back as the three sentences' own translations, joined with a space; token ids cannot be split."""
+    model, tokenizer = load_translation_model(model_dir)
+    sentences = [source if source.endswith((".", "!", "?")) else source + "." for source in SOURCES[:3]]
+    alone = translate(model, tokenizer, sentences, num_beams=2, max_new_tokens=8)
+    joined = translate(
+        model, tokenizer, [" ".join(sentences)], split_sentences=True, num_beams=2, max_new_tokens=8
+    )
+    assert joined == [" ".join(alone)]
+    with pytest.raises(ValueError, match="split_sentences=True needs source texts"):
+        translate(model, tokenizer, [[5, 6, 1]], split_sentences=True)
