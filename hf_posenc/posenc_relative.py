@@ -199,6 +199,18 @@ class ShawAttentionFunction(torch.autograd.Function):
         )
 
 
+def shaw_attention_autograd(query, key, value, key_table, value_table, distances, mask, scaling, dropout):
+    """Eq. 3-5 as plain tensor operations, for autograd: the output (B, H, q, Dh) and the (dropped-out) weights
+    alpha' (B, H, q, k), differentiable with respect to everything they depend on. Same arguments and result as
+    `ShawAttentionFunction`, which returns its weights detached; this path keeps the softmax output and the
+    dropped-out weights of every layer for backward, as an eager attention that returns its weights does."""
+    index = distances.index.expand(*query.shape[:3], key.shape[2])  # (B, H, q, k)
+    weights = torch.softmax(shaw_scores(query, key, key_table, index, mask, scaling), dim=-1)
+    weights = nn.functional.dropout(weights, p=dropout, training=dropout > 0).to(value.dtype)  # (B, H, q, k)
+    output = torch.matmul(weights, value) + torch.matmul(distances.sum_per_distance(weights), value_table)
+    return output, weights  # Eq. 3
+
+
 def relative_plus_product(rows, columns, table, index) -> torch.Tensor:
     """rows_i . columns_j + rows_i . table[r_ij] for (B, H, q, Dh) rows and (B, H, k, Dh) columns: (B, H, q, k).
 
@@ -241,7 +253,9 @@ class ShawRelativePositionEncoding(PositionEncoding):
     the value term sums the weights alpha_ij that fall on each clipped distance
     (`ClippedDistances.sum_per_distance`, into (B, H, q, 2k+1)) and multiplies by w^V. `ShawAttentionFunction`
     recomputes the weights in backward, so, like SDPA, a layer keeps no (B, H, q, k) float tensor for the
-    backward pass.
+    backward pass; its weights carry no gradient. When the weights are asked for (`output_attentions`) with
+    autograd on, `shaw_attention_autograd` computes the same attention with plain operations instead, so a loss
+    on the returned weights trains the queries, keys and w^K (at the memory cost of keeping the maps).
     """
 
     title = "RPE (Shaw)"
@@ -293,6 +307,11 @@ class ShawRelativePositionEncoding(PositionEncoding):
         distances = ClippedDistances.of_grid(
             length, key.shape[2], self.max_relative_position, query.device, query.dtype, module.is_causal
         )
+        if need_weights and torch.is_grad_enabled():  # weights a loss may read: autograd through Eq. 3-5
+            output, weights = shaw_attention_autograd(
+                query, key, value, key_table, value_table, distances, attention_mask, module.scaling, dropout
+            )
+            return output.transpose(1, 2).contiguous(), weights  # (B, q, H, Dh)
         rows = max(1, SHAW_SCORES_PER_SLICE // (heads * length * key.shape[2]))
         outputs, weights = [], []
         for start in range(0, batch, rows):

@@ -394,14 +394,19 @@ def test_shaw_in_batch_slices_equals_the_whole_batch(monkeypatch, source_batch, 
 
     def run():
         model.zero_grad()
-        out = model(input_ids=src, attention_mask=mask, decoder_input_ids=tgt, output_attentions=True)
+        out = model(input_ids=src, attention_mask=mask, decoder_input_ids=tgt)
         out.logits.square().sum().backward()
         grads = [p.grad.clone() for p in model.parameters() if p.grad is not None]
-        return out, grads
+        with (
+            torch.no_grad()
+        ):  # the kernel returns weights without autograd (with it, Shaw takes autograd's path)
+            weights = model(input_ids=src, attention_mask=mask, decoder_input_ids=tgt, output_attentions=True)
+        return out, weights, grads
 
-    whole, whole_grads = run()
+    whole_out, whole, whole_grads = run()
     monkeypatch.setattr(posenc_relative, "SHAW_SCORES_PER_SLICE", 1)  # one sequence per slice
-    sliced, sliced_grads = run()
+    sliced_out, sliced, sliced_grads = run()
+    torch.testing.assert_close(sliced_out.logits, whole_out.logits)
     torch.testing.assert_close(sliced.logits, whole.logits)
     for name in ("encoder_attentions", "decoder_attentions"):
         for got, want in zip(getattr(sliced, name), getattr(whole, name), strict=True):
@@ -432,3 +437,36 @@ def test_clipped_distances_of_a_grid_and_their_sums(queries, keys, clip, causal)
             assert distances.index[0, 0, i, j] == row
             expected[:, :, i, row] += weights[:, :, i, j]
     torch.testing.assert_close(distances.sum_per_distance(weights), expected)
+
+
+def test_shaw_attention_weights_asked_for_under_autograd_carry_gradients(
+    source_batch, target_batch, tiny_model
+):
+    """An auxiliary loss on the attention weights Shaw returns (`output_attentions`) trains the query and key
+    projections and the relative key table w^K: with autograd on, Shaw computes Eq. 3-5 through autograd
+    (`shaw_attention_autograd`) instead of its kernel, whose weights are detached; both give the same logits and
+    weights."""
+    model = tiny_model(position_encoding="shaw")
+    src, mask = source_batch()
+    inputs = dict(
+        input_ids=src, attention_mask=mask, decoder_input_ids=target_batch(), output_attentions=True
+    )
+    out = model(**inputs)
+    attention_loss = sum(
+        weights.square().sum() for weights in (*out.encoder_attentions, *out.decoder_attentions)
+    )
+    attention_loss.backward()
+    for stack in (model.model.encoder, model.model.decoder):
+        attention = stack.layers[0].self_attn
+        for projection in (attention.q_proj, attention.k_proj):
+            assert projection.weight.grad is not None and projection.weight.grad.abs().sum() > 0
+        assert stack.position_encoding.key_tables.grad.abs().sum() > 0
+    with torch.no_grad():
+        kernel = model(**inputs)
+    torch.testing.assert_close(out.logits, kernel.logits)
+    for got, want in zip(
+        (*out.encoder_attentions, *out.decoder_attentions),
+        (*kernel.encoder_attentions, *kernel.decoder_attentions),
+        strict=True,
+    ):
+        torch.testing.assert_close(got, want)
