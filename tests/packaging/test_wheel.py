@@ -12,6 +12,7 @@ environment's commands run; every command runs in a clean environment (no PYTHON
 cache, offline) and may write bytecode (the installs skip compiling, which would compile all of torch).
 """
 
+import json
 import os
 import shutil
 import subprocess
@@ -176,12 +177,19 @@ def elsewhere(tmp_path_factory) -> Path:
 
 def command_env(venv: Path, data_root: Path, elsewhere: Path) -> dict[str, str]:
     """The environment of a command: the venv's bin first, nothing of this checkout's environment on the path,
-    the data root, an empty Hugging Face cache and no network, one thread."""
-    left_out = ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV", "PYTHONDONTWRITEBYTECODE", "HF_POSENC_DATA")
+    the data root, empty caches (the corpus cache included) and no network, one thread."""
+    left_out = (
+        "PYTHONPATH",
+        "PYTHONHOME",
+        "VIRTUAL_ENV",
+        "PYTHONDONTWRITEBYTECODE",
+        "HF_POSENC_DATA",
+        "HF_POSENC_CACHE",
+    )
     env = {key: value for key, value in os.environ.items() if key not in left_out}
     env["PATH"] = f"{venv / 'bin'}{os.pathsep}{env.get('PATH', '')}"
     env["HF_POSENC_DATA"] = str(data_root)
-    env["HF_HOME"] = str(elsewhere / ".hf-home")
+    env["HF_HOME"], env["XDG_CACHE_HOME"] = str(elsewhere / ".hf-home"), str(elsewhere / ".cache")
     env.update(HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false")
     return env
 
@@ -327,6 +335,7 @@ def test_the_train_install_trains_on_the_data_root_and_evaluates_the_run(run_in,
     succeeded(training)
     for name in ("model.safetensors", "config.json", "tokenizer.json", "README.md", "scores.json"):
         assert (run / name).is_file(), f"{name} is missing from the run folder {run}"
+    assert json.loads((run / "scores.json").read_text())["steps"] == 4
     test = data_root / "multi30k" / "test_2016_flickr"
     evaluate = [
         "hf-posenc-evaluate",
