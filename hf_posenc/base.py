@@ -428,16 +428,32 @@ class PosEncCache(EncoderDecoderCache):
 
     `extra_state` maps a name to a batch-first tensor; beam search's reordering, batch selection and
     repetition apply to it exactly as to the key/value caches, so stateful encodings stay exact under
-    `generate`.
+    `generate`. An entry is either constant over the decoding (SHAPE's offsets, (B, 1)) or, when written through
+    `append_token_state`, one row per cached token along dim 1 (the RNN state after each token, (B, k, ...)):
+    state that changes with the tokens must be kept per token, so that `crop` (assisted decoding drops the
+    rejected draft tokens) can return to the state after the kept prefix.
     """
 
     def __init__(self, *caches):
         super().__init__(*caches)
         self.extra_state: dict[str, torch.Tensor] = {}
+        self.token_state_names: set[str] = set()
 
     def reset(self):
         super().reset()
         self.extra_state.clear()
+        self.token_state_names.clear()
+
+    def append_token_state(self, name: str, states: torch.Tensor) -> None:
+        """Append the states after each new token, (B, q, ...), to entry `name`, (B, k, ...)."""
+        stored = self.extra_state.get(name)
+        self.extra_state[name] = states if stored is None else torch.cat([stored, states], dim=1)
+        self.token_state_names.add(name)
+
+    def last_token_state(self, name: str) -> torch.Tensor | None:
+        """The state after the last cached token, (B, ...), or None when there is none (no token, or all cropped)."""
+        stored = self.extra_state.get(name)
+        return None if stored is None or stored.shape[1] == 0 else stored[:, -1]
 
     def reorder_cache(self, beam_idx: torch.LongTensor):
         super().reorder_cache(beam_idx)
@@ -455,6 +471,9 @@ class PosEncCache(EncoderDecoderCache):
             self.extra_state[name] = state[indices]
 
     def crop(self, tokens_to_remove: int):
-        if self.extra_state:
-            raise ValueError("A cache carrying recurrent position state cannot be cropped.")
+        """Drop the last `-tokens_to_remove` cached tokens (transformers' convention: a negative count) from the
+        key/value caches and from every per-token entry; constant entries stay."""
         super().crop(tokens_to_remove)
+        kept = self.get_seq_length()
+        for name in self.token_state_names:
+            self.extra_state[name] = self.extra_state[name][:, :kept]

@@ -10,9 +10,10 @@ rather than deep inside torch.
 
 import dataclasses
 import difflib
+import sys
 
 from huggingface_hub.dataclasses import strict
-from transformers import GenerationConfig, MarianConfig
+from transformers import GenerationConfig, MarianConfig, PreTrainedConfig, PreTrainedModel
 from transformers.utils import logging
 
 from .base import ATTENTION_SITES, CROSS_ATTENTION, STACKS, Hyperparameter
@@ -83,6 +84,36 @@ def closest_field(name: str, fields) -> str:
     """' (did you mean 'x'?)' for the field closest to `name`, or ''."""
     hint = difflib.get_close_matches(name, fields, n=1)
     return f" (did you mean {hint[0]!r}?)" if hint else ""
+
+
+def check_auto_map(auto_map) -> None:
+    """Each `auto_map` entry of a config.json that points into the model's own files (this one, or
+    modeling_marian_posenc.py) must name a class they define: transformers would fail later, loading with
+    trust_remote_code=True, on an AttributeError of a generated module name, without naming the entry. Entries
+    of other files or of other repositories ("repo--module.Class") are left to transformers. The config's own
+    entry (`AutoConfig`) is read by transformers before this code runs, so a bad one cannot be caught here."""
+    from .modeling_marian_posenc import MarianPosEncModel  # here: the model's file imports this one
+
+    modules = [sys.modules[__name__], sys.modules[MarianPosEncModel.__module__]]
+    classes = {
+        module.__name__.rsplit(".", 1)[-1]: sorted(
+            name
+            for name, value in vars(module).items()
+            if isinstance(value, type)
+            and value.__module__ == module.__name__
+            and issubclass(value, (PreTrainedConfig, PreTrainedModel))
+        )
+        for module in modules
+    }
+    for key, references in (auto_map or {}).items():
+        for reference in references if isinstance(references, (list, tuple)) else [references]:
+            module, _, name = str(reference).rpartition(".")
+            if module in classes and name not in classes[module]:
+                raise ValueError(
+                    f"config.json's auto_map[{key!r}] = {reference!r} names a class that {module}.py does not "
+                    f"define (it defines {', '.join(classes[module])}): correct the entry, or save the model again "
+                    "with save_pretrained, which writes it."
+                )
 
 
 def check_choice(field: str, value, allowed) -> None:
@@ -217,9 +248,10 @@ class MarianPosEncConfig(MarianConfig, ModuleHyperparameters):
         may legitimately hold attributes set on a config after construction (transformers' own tests set
         `layer_norm_eps`, user code sets its own), and `save_pretrained` writes them: loading what was saved
         must not fail. A key close to a field's name is probably a typo in a hand-edited file: a warning names
-        it.
+        it. An `auto_map` entry naming a class the model's files do not define is refused (`check_auto_map`).
         """
         config_dict = rename_deprecated(config_dict)
+        check_auto_map(config_dict.get("auto_map"))
         fields = {field.name for field in dataclasses.fields(cls)}
         extra = {
             key: value

@@ -1,13 +1,17 @@
 """The model's guards, apart from its arithmetic: inputs that torch would fail on deep inside (or misread) get an
-error naming the value, and loading names the folder, the code that builds the model, and a checkpoint that
-lacks the parameters of the positional modules its config asks for.
+error naming the value, decoding settings that would decode garbage without an error are refused, and loading
+names the folder, the code that builds the model, a pickled checkpoint torch will not read safely, and a checkpoint
+that lacks the parameters of the positional modules its config asks for.
 
 `MarianPosEncPreTrainedModel` takes `CheckedLoading` before `PreTrainedModel`; the forwards call `check_token_ids`
-and `check_num_items_in_batch`.
+and `check_num_items_in_batch`, `generate` calls `check_generation_settings`.
 """
 
 import inspect
+import math
 import os
+import pickle
+import re
 from pathlib import Path
 
 import torch
@@ -65,6 +69,38 @@ def check_num_items_in_batch(num_items_in_batch, tokens: torch.Tensor) -> None:
         )
 
 
+# Generation settings that count something: below 1 they decode nothing or fail deep inside `generate`.
+GENERATION_COUNTS = ("num_beams", "max_new_tokens", "max_length", "num_return_sequences")
+
+
+def check_generation_settings(
+    saved: dict,
+    given: dict,
+    saved_origin: str = "in the generation config",
+    given_origin: str = "given to generate",
+) -> None:
+    """Refuse generation settings that decode garbage without an error: a non-finite float (a NaN length
+    penalty ranks every beam alike and returns NaN scores; a NaN temperature or top_p samples from NaN), alone or
+    inside a list or tuple (`exponential_decay_length_penalty`), or a count of `GENERATION_COUNTS` below 1.
+    `saved`: the generation config's settings (`GenerationConfig.to_dict()`), `given`: the call's keyword
+    arguments, which take precedence; the error names the setting, its value and where it came from.
+    `transformers` checks neither (NaN passes every range comparison)."""
+    for name, value in {**saved, **given}.items():
+        origin = given_origin if name in given else saved_origin
+        numbers = value if isinstance(value, (list, tuple)) else [value]
+        if any(isinstance(number, float) and not math.isfinite(number) for number in numbers):
+            raise ValueError(
+                f"{name}={value} must be a finite number ({origin}): give a finite value, or leave the setting "
+                "out to use transformers' default."
+            )
+        counts = name in GENERATION_COUNTS and value is not None and not isinstance(value, bool)
+        if counts and (not isinstance(value, int) or value < 1):
+            raise ValueError(
+                f"{name}={value} must be at least 1 ({origin})"
+                + ("; 1: greedy decoding." if name == "num_beams" else ".")
+            )
+
+
 def could_be_hub_id(name) -> bool:
     """Whether `name` may be a Hub model id ("name" or "owner/name") rather than only a local path."""
     if isinstance(name, os.PathLike):
@@ -81,6 +117,27 @@ def differing_code_files(folder: Path, package: Path) -> list[str]:
         and copy.resolve() != ours.resolve()
         and copy.read_bytes() != ours.read_bytes()
     ]
+
+
+def pickled_weights_message(folder: Path | None, error: Exception) -> str:
+    """What to do about a pickled checkpoint (pytorch_model.bin) that torch's safe loader refuses: it holds
+    objects besides tensors (a training script's arguments, a whole model), which only an unsafe unpickling,
+    able to run any code the file carries, would read."""
+    files = (
+        sorted(path.name for path in folder.glob("pytorch_model*.bin")) if folder and folder.is_dir() else []
+    )
+    where = (
+        f"{folder}/{files[0]}" if len(files) == 1 else f"the pickled weights in {folder or 'the checkpoint'}"
+    )
+    refused = re.search(r"GLOBAL (\S+)", str(error))  # the object torch's message names
+    return (
+        f"{where} holds objects besides tensors"
+        + (f" ({refused.group(1)})" if refused else "")
+        + ", which torch's safe loader (weights_only=True) refuses. Convert it to safetensors where "
+        "you trust its source: state = torch.load(path, weights_only=False); keep only its tensors; "
+        "model.load_state_dict(...) and model.save_pretrained(folder), which writes model.safetensors (then "
+        "delete the .bin). Do not load files of unknown origin with weights_only=False: unpickling runs code."
+    )
 
 
 class CheckedLoading:
@@ -104,6 +161,8 @@ class CheckedLoading:
             raise ValueError(
                 f"the weights in {folder} cannot be read (truncated or damaged?): {error}"
             ) from None
+        except pickle.UnpicklingError as error:
+            raise ValueError(pickled_weights_message(folder, error)) from error
         except OSError as error:
             if folder is None or folder.is_dir():
                 raise

@@ -59,7 +59,7 @@ from .generation_length import (
     length_control_processors,
     loop_guard_ngram_size,
 )
-from .model_checks import CheckedLoading, check_num_items_in_batch, check_token_ids
+from .model_checks import CheckedLoading, check_generation_settings, check_num_items_in_batch, check_token_ids
 from .registry import POSITION_ENCODINGS, TOKEN_MIXERS
 from .sentence_positions import (
     SENTENCE_POSITIONS,
@@ -80,6 +80,8 @@ SHAPE_OFFSETS = "shape_offsets"  # the decoder's SHAPE offsets in `PosEncCache.e
 MASK_CACHE_ARGUMENT = (
     "cache" if "cache" in inspect.signature(create_causal_mask).parameters else "past_key_values"
 )
+# ... and the model outputs' `past_key_values` field to `cache` (writing or reading the old name logs a deprecation)
+OUTPUT_CACHE_FIELD = "cache" if "cache" in Seq2SeqLMOutput.__dataclass_fields__ else "past_key_values"
 
 
 def shift_tokens_right(labels: torch.Tensor, pad_token_id: int, decoder_start_token_id: int) -> torch.Tensor:
@@ -428,7 +430,7 @@ class MarianPosEncDecoder(MarianPosEncStack):
 
     def decoder_sentences(self, input_ids, order, past_length: int, cache) -> SentencePositions | None:
         """Sentence positions of the new tokens, with `positions` (B, k) covering the cached tokens too (the keys);
-        the state of the last token and every token's position travel in the cache (None: sentences off).
+        the state after each token and every token's position travel in the cache (None: sentences off).
         `order` (1, q): the new tokens' places, past_length onwards."""
         if self.sentence_boundaries is None:
             return None
@@ -439,13 +441,13 @@ class MarianPosEncDecoder(MarianPosEncStack):
                     "the decoder cache holds cached tokens but no sentence state (sentence_end_token_ids): "
                     "continue decoding with the cache this model returned."
                 )
-            state, history = cache.extra_state[SENTENCE_STATE], cache.extra_state[SENTENCE_POSITIONS]
+            state, history = cache.last_token_state(SENTENCE_STATE), cache.extra_state[SENTENCE_POSITIONS]
         new = self.sentence_boundaries(input_ids, order, None, state)
+        if cache is not None:
+            cache.append_token_state(SENTENCE_STATE, new.states)  # (B, k, 3)
+            cache.append_token_state(SENTENCE_POSITIONS, new.positions)  # (B, k)
         if history is not None:
             new.positions = torch.cat([history, new.positions], dim=1)  # (B, k)
-        if cache is not None:
-            cache.extra_state[SENTENCE_STATE] = new.state  # (B, 3)
-            cache.extra_state[SENTENCE_POSITIONS] = new.positions  # (B, k)
         return new
 
     def sentence_context(self, sentences, offsets, context: PositionContext) -> PositionContext:
@@ -567,7 +569,7 @@ class MarianPosEncDecoder(MarianPosEncStack):
         )
         return BaseModelOutputWithPastAndCrossAttentions(
             last_hidden_state=hidden_states,
-            past_key_values=past_key_values,
+            **{OUTPUT_CACHE_FIELD: past_key_values},
             hidden_states=all_hidden_states,
             attentions=all_self_attentions,
             cross_attentions=all_cross_attentions,
@@ -651,7 +653,7 @@ class MarianPosEncModel(MarianPosEncPreTrainedModel):
         )
         return Seq2SeqModelOutput(
             last_hidden_state=decoder_outputs.last_hidden_state,
-            past_key_values=decoder_outputs.past_key_values,
+            **{OUTPUT_CACHE_FIELD: getattr(decoder_outputs, OUTPUT_CACHE_FIELD)},
             decoder_hidden_states=decoder_outputs.hidden_states,
             decoder_attentions=decoder_outputs.attentions,
             cross_attentions=decoder_outputs.cross_attentions,
@@ -737,11 +739,10 @@ class MarianPosEncForConditionalGeneration(MarianPosEncPreTrainedModel, Generati
         """`GenerationMixin.generate`; unless a length is given, allows source length + N new tokens, with N
         from the generation config's `max_new_tokens_over_source` (50, paper 1); adds the source-tied length
         control of the generation config or of the keyword arguments (`generation_length.py`: `min_length_ratio`,
-        `word_reward`, `match_source_sentence_count` with `sentence_end_token_ids`, and the loop guard)."""
+        `word_reward`, `match_source_sentence_count` with `sentence_end_token_ids`, and the loop guard). Refuses
+        a non-finite float setting and a count below 1 (`check_generation_settings`), which transformers
+        decodes into NaN scores or fails on deep inside."""
         settings = generation_config or self.generation_config
-        num_beams = kwargs.get("num_beams", settings.num_beams)
-        if num_beams is not None and num_beams < 1:
-            raise ValueError(f"num_beams={num_beams} must be at least 1 (1: greedy decoding).")
         over_source = getattr(settings, "max_new_tokens_over_source", None)
         source = inputs if inputs is not None else kwargs.get("input_ids")
         if (
@@ -750,7 +751,16 @@ class MarianPosEncForConditionalGeneration(MarianPosEncPreTrainedModel, Generati
             and not {"max_new_tokens", "max_length"} & kwargs.keys()
         ):
             kwargs["max_new_tokens"] = source.shape[-1] + over_source
-        control = LengthControl.from_settings(settings, kwargs, self.config)
+        control = LengthControl.from_settings(
+            settings, kwargs, self.config
+        )  # refuses bad length keys by rule
+        check_generation_settings(
+            settings.to_dict(),
+            kwargs,
+            "in the generation_config given to generate"
+            if generation_config is not None
+            else "in the model's generation config (generation_config.json of a saved model)",
+        )
         if control.active:
             logits_processor = self.length_control(control, settings, source, logits_processor, kwargs)
         return super().generate(
@@ -840,7 +850,7 @@ class MarianPosEncForConditionalGeneration(MarianPosEncPreTrainedModel, Generati
         return Seq2SeqLMOutput(
             loss=loss,
             logits=logits,
-            past_key_values=outputs.past_key_values,
+            **{OUTPUT_CACHE_FIELD: getattr(outputs, OUTPUT_CACHE_FIELD)},
             decoder_hidden_states=outputs.decoder_hidden_states,
             decoder_attentions=outputs.decoder_attentions,
             cross_attentions=outputs.cross_attentions,

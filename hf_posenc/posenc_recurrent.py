@@ -43,7 +43,8 @@ both forms.
 Deviations from the paper: the sinusoid is Marian's (sin half, cos half; not interleaved as in Eq. 1), so that
 the baseline and the P part share one table; the paper does not say which features form x^r: we take the last
 d_r; nor what r_0 is: zeros. In the decoder the recurrent state is part of the generation cache
-(`PosEncCache.extra_state`), so incremental decoding and beam search give exactly the full-forward states.
+(`PosEncCache.extra_state`, the state after every token, so that assisted decoding can crop the cache back to
+the accepted tokens), so incremental decoding, beam search and assisted decoding give the full-forward states.
 """
 
 import math
@@ -245,9 +246,10 @@ RECURRENCE_OF_CELL = {
 }
 
 
-def recur(cell: Recurrence, gates: torch.Tensor, state, memory, projection=None):
+def recur(cell: Recurrence, gates: torch.Tensor, state, memory, projection=None, every_state: bool = False):
     """Run `cell` over gates (L, D, B, G*h) from (state, memory), (D, B, h) each; returns outputs (L, D, B, h)
-    and the final (state, memory).
+    and the final (state, memory), or with `every_state` the (state, memory) after each step, (L, D, B, h) each
+    (memory None for cells without one).
 
     With `projection` = (W_r^T (D, h, h), b_r (D, 1, h)) every step's output becomes r_j = tanh(W_r h_j + b_r),
     which is both the step's output and the next step's state (Eq. 6); without it the cell recurs on its own
@@ -261,12 +263,17 @@ def recur(cell: Recurrence, gates: torch.Tensor, state, memory, projection=None)
     with torch.autocast(gates.device.type, enabled=False):
         gates, state = gates.to(dtype), state.to(dtype)
         memory = None if memory is None else memory.to(dtype)
-        outputs = []
+        outputs, states, memories = [], [], []
         for step_gates in gates:  # (D, B, G*h)
             hidden, state, memory = cell.step(step_gates, state, memory)
             if projection is not None:
                 state = hidden = torch.tanh(torch.baddbmm(projection[1], hidden, projection[0]))  # (D, B, h)
             outputs.append(hidden)
+            if every_state:
+                states.append(state)
+                memories.append(memory)
+    if every_state:
+        return torch.stack(outputs), torch.stack(states), None if memory is None else torch.stack(memories)
     return torch.stack(outputs), state, memory
 
 
@@ -516,20 +523,22 @@ class RecurrentPositionEncoding(PositionEncoding):
         return torch.tanh(self.rpe_projection(states))  # Eq. 6 after the loop
 
     def decoder_rpes(self, inputs: torch.Tensor, first_position: int, cache) -> torch.Tensor:
-        """R (B, q, d_r) of the forward recurrence, continuing from (and updating) the state kept in the cache."""
+        """R (B, q, d_r) of the forward recurrence, continuing from the state kept in the cache and appending the
+        state after each new token to it (a prefix state: cropping the cache keeps the kept tokens' states)."""
         stored = self.stored_state(cache, first_position)  # (B, state_count, d_r) or None
         if self.projected or self.cell == "sru":
-            outputs, final = self.forward_recurrence(inputs, stored)
+            outputs, states = self.forward_recurrence(inputs, stored)
+        elif cache is None:
+            outputs, states = self.rnn(inputs)[0], None
         else:
-            outputs, final = self.rnn(inputs, None if stored is None else self.torch_cell_state(stored))
-            final = final if isinstance(final, tuple) else (final,)
+            outputs, states = self.torch_cell_steps(inputs, stored)
         if cache is not None:
-            cache.extra_state[self.cache_key] = torch.cat(final).transpose(0, 1)  # (B, state_count, d_r)
+            cache.append_token_state(self.cache_key, states)  # (B, k, state_count, d_r)
         return outputs if self.projected else torch.tanh(self.rpe_projection(outputs))  # Eq. 6
 
     def forward_recurrence(self, inputs: torch.Tensor, stored: torch.Tensor | None):
         """The step loop over x^r (B, q, d_r) from the stored state (B, state_count, d_r), zeros without one: the
-        outputs (B, q, d_r) and the final states, (1, B, d_r) each."""
+        outputs (B, q, d_r) and the states after each step, (B, q, state_count, d_r)."""
         cell = self.recurrence()
         gates = cell.input_gates(inputs).permute(2, 0, 1, 3)  # (q, 1, B, G*h)
         if stored is None:
@@ -537,10 +546,28 @@ class RecurrentPositionEncoding(PositionEncoding):
         else:
             state = stored.transpose(0, 1)  # (state_count, B, d_r)
         projection = self.state_projection() if self.projected else None
-        outputs, state, memory = recur(
-            cell, gates, state[:1], state[1:] if cell.has_memory else None, projection
-        )
-        return outputs[:, 0].transpose(0, 1), (state,) if memory is None else (state, memory)
+        outputs, states, memories = recur(
+            cell, gates, state[:1], state[1:] if cell.has_memory else None, projection, every_state=True
+        )  # (q, 1, B, d_r) each
+        states = (
+            states if memories is None else torch.cat([states, memories], dim=1)
+        )  # (q, state_count, B, d_r)
+        return outputs[:, 0].transpose(0, 1), states.permute(2, 0, 1, 3)
+
+    def torch_cell_steps(self, inputs: torch.Tensor, stored: torch.Tensor | None):
+        """nn.RNN/GRU/LSTM over x^r (B, q, d_r) from the stored state: the outputs (B, q, d_r) and the states after
+        each step, (B, q, state_count, d_r). The RNN's and GRU's outputs are their states; nn.LSTM returns only
+        the last memory cell, so it runs one call per token (as incremental decoding calls it)."""
+        state = None if stored is None else self.torch_cell_state(stored)
+        if self.cell != "lstm":
+            outputs = self.rnn(inputs, state)[0]  # (B, q, d_r)
+            return outputs, outputs[:, :, None]
+        outputs, states = [], []
+        for token in inputs.split(1, dim=1):  # (B, 1, d_r)
+            output, state = self.rnn(token, state)
+            outputs.append(output)
+            states.append(torch.cat(state).transpose(0, 1))  # (B, 2, d_r): h, c
+        return torch.cat(outputs, dim=1), torch.stack(states, dim=1)
 
     def stored_state(self, cache, first_position: int) -> torch.Tensor | None:
         """The state the cache holds for this stack, (B, state_count, d_r), or None at the first position."""
@@ -548,7 +575,7 @@ class RecurrentPositionEncoding(PositionEncoding):
             return None
         if not isinstance(cache, PosEncCache):
             raise TypeError(f"{self.name} keeps its RNN state in a PosEncCache, got {type(cache).__name__}.")
-        stored = cache.extra_state.get(self.cache_key)
+        stored = cache.last_token_state(self.cache_key)
         if stored is None and first_position != 0:
             raise ValueError(
                 f"{self.name}: decoding continues at position {first_position} but the cache holds "

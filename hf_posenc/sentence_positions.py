@@ -36,8 +36,10 @@ uses hard group masks in its lower layers only. The bias is shared by all layers
 stack, and folded into the cross-attention mask, so SDPA keeps its fused kernel.
 
 In the decoder the in-sentence position and sentence index of the next token depend on the tokens generated so
-far: the state of the last token and the in-sentence positions of every cached token (the keys of later steps)
-travel in `PosEncCache.extra_state`, which beam search reorders, selects and repeats with the key/value caches.
+far: the state after every cached token (the last one's continues the count; the others let assisted decoding crop
+the cache back to the accepted tokens) and the in-sentence positions of every cached token (the keys of later
+steps) travel in `PosEncCache.extra_state`, which beam search reorders, selects and repeats with the key/value
+caches.
 """
 
 import dataclasses
@@ -48,8 +50,8 @@ from transformers import initialization as init
 
 from .base import CROSS_ATTENTION, DECODER_SELF_ATTENTION, ENCODER_SELF_ATTENTION, STACKS, PositionLimitError
 
-# The decoder's entries in `PosEncCache.extra_state`: the last token's (sentence index, position of its sentence's
-# first token, ends a sentence), (B, 3), and the in-sentence position of every token so far, (B, k).
+# The decoder's per-token entries in `PosEncCache.extra_state`: each token's (sentence index, position of its
+# sentence's first token, ends a sentence), (B, k, 3), and each token's in-sentence position, (B, k).
 SENTENCE_STATE = "sentence_state"
 SENTENCE_POSITIONS = "sentence_positions"
 SENTENCE_EMBEDDINGS = ("learned", "none")
@@ -63,13 +65,18 @@ SENTENCE_FIELDS = (
 
 @dataclasses.dataclass
 class SentencePositions:
-    """One forward's tokens: in-sentence positions p_t and sentence indices s_t, (B, L) each, the state after the
-    last token, (B, 3) (`SENTENCE_STATE`), and the tokens' order t, (B|1, L), that causality is read from."""
+    """One forward's tokens: in-sentence positions p_t and sentence indices s_t, (B, L) each, the state after each
+    token, (B, L, 3) (`SENTENCE_STATE`), and the tokens' order t, (B|1, L), that causality is read from."""
 
     positions: torch.Tensor
     indices: torch.Tensor
-    state: torch.Tensor
+    states: torch.Tensor
     order: torch.Tensor
+
+    @property
+    def state(self) -> torch.Tensor:
+        """The state after the last token, (B, 3): where the next tokens continue."""
+        return self.states[:, -1]
 
 
 class SentenceBoundaries:
@@ -112,8 +119,8 @@ class SentenceBoundaries:
         first = (
             torch.where(starts, order, state[:, 1:2]).cummax(1).values
         )  # (B, L): order of the sentence start
-        new_state = torch.stack([indices[:, -1], first[:, -1], ends[:, -1].long()], dim=1)  # (B, 3)
-        return SentencePositions(order - first, indices, new_state, order)
+        states = torch.stack([indices, first, ends.long()], dim=2)  # (B, L, 3)
+        return SentencePositions(order - first, indices, states, order)
 
 
 class SentenceEmbedding(nn.Module):

@@ -2,8 +2,11 @@
 the allowed ones), and defects transformers' common model tests found stay fixed. Each table row: what is given,
 the error expected, and words its message must contain."""
 
+import argparse
 import json
 import logging
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -369,3 +372,48 @@ def test_bad_model_inputs_are_named(tiny_model, source, mask):
             model(**inputs)
     with pytest.raises(ValueError, match="num_beams=0 must be at least 1"):
         model.generate(source, attention_mask=mask, num_beams=0)
+
+
+def test_pickled_weights_the_safe_loader_refuses_are_named_with_the_way_to_safetensors(tmp_path, tiny_model):
+    """Before: a folder whose only weights are a pytorch_model.bin holding more than tensors (a training
+    script's arguments here) ended in torch's UnpicklingError, whose one hint is the unsafe weights_only=False.
+    The error names the file and says to convert it to safetensors, and only from a trusted source."""
+    model = tiny_model()
+    model.save_pretrained(tmp_path)
+    (tmp_path / "model.safetensors").unlink()
+    torch.save({**model.state_dict(), "args": argparse.Namespace(lr=1e-3)}, tmp_path / "pytorch_model.bin")
+    with pytest.raises(ValueError) as raised:
+        MarianPosEncForConditionalGeneration.from_pretrained(tmp_path)
+    message = str(raised.value)
+    for words in [
+        str(tmp_path / "pytorch_model.bin"),
+        "argparse.Namespace",
+        "safetensors",
+        "trust its source",
+    ]:
+        assert words in message, message
+    torch.save(
+        model.state_dict(), tmp_path / "pytorch_model.bin"
+    )  # tensors only: torch's safe loader reads it
+    MarianPosEncForConditionalGeneration.from_pretrained(tmp_path)
+
+
+def test_an_auto_map_entry_naming_a_missing_class_is_refused_by_name(tmp_path, tiny_model):
+    """Before: loading with trust_remote_code=True failed on "module 'transformers_modules.<hash>.modeling_...'
+    has no attribute ..." without naming the entry (and loaded silently where hf_posenc is imported). The config
+    refuses it, naming the key, the class and the classes the file defines: here and in a fresh process that
+    loads the folder's own code."""
+    tiny_model().save_pretrained(tmp_path)
+    auto_map = json.loads((tmp_path / "config.json").read_text())["auto_map"]
+    edit_config(tmp_path, auto_map={**auto_map, "AutoModelForSeq2SeqLM": "modeling_marian_posenc.MarianMT"})
+    words = ["auto_map['AutoModelForSeq2SeqLM'] = 'modeling_marian_posenc.MarianMT'", "MarianPosEncModel"]
+    with pytest.raises(ValueError) as raised:
+        AutoConfig.from_pretrained(tmp_path)
+    assert all(word in str(raised.value) for word in words), raised.value
+    code = (
+        "from transformers import AutoModelForSeq2SeqLM\n"
+        f"AutoModelForSeq2SeqLM.from_pretrained({str(tmp_path)!r}, trust_remote_code=True)"
+    )
+    remote = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path)
+    assert "transformers_modules" in remote.stderr  # raised by the folder's own copy of the config code
+    assert remote.returncode != 0 and all(word in remote.stderr for word in words), remote.stderr[-2000:]

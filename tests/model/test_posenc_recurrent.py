@@ -154,7 +154,7 @@ def test_encoder_input_matches_the_equations_with_right_and_left_padding(
 @pytest.mark.parametrize("layout", LAYOUTS)
 def test_decoder_input_matches_the_equations_in_full_and_step_by_step(layout, cell, recurrence, tiny_model):
     """Forward recurrence in the decoder (Eq. 6) stepped by hand; one token at a time through PosEncCache (the
-    cache holding r_{j-1}, the LSTM's memory cell beside it) gives the same states."""
+    cache holding r_{j-1} after each token, the LSTM's memory cell beside it) gives the same states."""
     model = tiny_model(position_encoding=layout, rpe_cell=cell, rpe_recurrence=recurrence)
     encoding = model.model.decoder.position_encoding
     embeds = torch.randn(2, 6, 32)
@@ -174,7 +174,8 @@ def test_decoder_input_matches_the_equations_in_full_and_step_by_step(layout, ce
             full[row].double(), reference_stack_input(encoding, embeds[row]), atol=1e-5, rtol=1e-5
         )
     torch.testing.assert_close(steps, full, atol=1e-6, rtol=1e-6)
-    assert cache.extra_state[encoding.cache_key].shape == (2, 1 + (cell == "lstm"), encoding.rpe_dim)
+    # the state after each of the 6 tokens (r_j, or h_j / c_j), so that a cropped cache can resume from any of them
+    assert cache.extra_state[encoding.cache_key].shape == (2, 6, 1 + (cell == "lstm"), encoding.rpe_dim)
 
 
 @pytest.mark.parametrize("recurrence", RECURRENCES)
