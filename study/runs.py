@@ -30,6 +30,7 @@ from hf_posenc.analysis.length_generalisation import (
 )
 from hf_posenc.analysis.word_order_probe import word_order_probe
 from hf_posenc.configuration_marian_posenc import RENAMED_FIELDS
+from hf_posenc.generation_length import measure_min_length_ratio
 from hf_posenc.pipeline.data.files import read_split
 from hf_posenc.pipeline.evaluation.decoding import load_translation_model, translate
 from hf_posenc.pipeline.evaluation.scoring import score_translations
@@ -37,7 +38,7 @@ from hf_posenc.pipeline.training.arguments import ARGUMENT_CLASSES, load_recipe
 from hf_posenc.pipeline.training.arguments import parse_args as parse_train_args
 from hf_posenc.pipeline.training.hardware import choose_precision
 
-from .tables import DECODING, SYSTEMS, TABLES, length_k
+from .tables import DECODING, SYSTEMS, TABLES, TRAINING_RATIO, length_k
 
 logger = logging.getLogger(__name__)
 LOG_FORMAT = "%(asctime)s %(name)s: %(message)s"
@@ -252,12 +253,30 @@ def execute_decoding(run: Run, args) -> str:
     return f"{run.label()}: BLEU {bleu:.2f} in {(time.monotonic() - started) / 60:.1f} min (decoding only)"
 
 
+def generate_settings(run: Run, tokenizer) -> dict:
+    """A run's generation settings: none of its own for a trained row; a decode-time row's, with a
+    `min_length_ratio` of `TRAINING_RATIO` measured on the training pairs of its recipe and pair with the model's
+    tokenizer, as train.py --length_control measures it (docs/length.md)."""
+    decoding = DECODING.get(run.system)
+    if decoding is None:
+        return {}
+    settings = dict(decoding.generate)
+    if settings.get("min_length_ratio") == TRAINING_RATIO:
+        data = data_settings(run.recipe)
+        pairs = read_split(Path(data.data_dir), data.train_split, run.source_lang, run.target_lang)
+        lengths = [
+            [len(ids) for ids in tokenizer(texts)["input_ids"]] for texts in (pairs.source, pairs.target)
+        ]
+        settings["min_length_ratio"] = measure_min_length_ratio(*lengths)
+    return settings
+
+
 def decoded_test_set(run: Run, models: Path, results: Path, test, bf16: bool) -> None:
     """A decode-time row's own test translations and scores: the trained row's scores.json with BLEU, chrF++ and
     their signatures from this row's decoding, and the decoding recorded."""
     decoding = DECODING[run.system]
     model, tokenizer = load_translation_model(models, **decoding.config)
-    hypotheses = translate(model, tokenizer, test.source, bf16=bf16, **decoding.generate)
+    hypotheses = translate(model, tokenizer, test.source, bf16=bf16, **generate_settings(run, tokenizer))
     scores = json.loads((models / "scores.json").read_text())
     scores.update(score_translations(hypotheses, test.target), decoding=vars(decoding))
     (results / "scores.json").write_text(json.dumps(scores, indent=2) + "\n")
@@ -276,7 +295,7 @@ def measure(run: Run, models: Path, results: Path, args) -> None:
     probes = word_order_probe(
         model, tokenizer, sources, num_permutations=2, num_beams=1, max_new_tokens=64, bf16=bf16
     )
-    length, joined = length_harness(models, test, run_settings(run, args)["length_k"], bf16, decoding)
+    length, joined = length_harness(models, test, run_settings(run, args)["length_k"], bf16, run)
     results.mkdir(parents=True, exist_ok=True)
     probe = {"sentences": args.probe_sentences, **{p.kind: vars(p) for p in probes}}
     (results / "word_order_probe.json").write_text(json.dumps(probe, indent=2) + "\n")
@@ -296,23 +315,23 @@ def measure(run: Run, models: Path, results: Path, args) -> None:
 
 
 def length_harness(
-    models: Path, test, k: list[int], bf16: bool, decoding=None
+    models: Path, test, k: list[int], bf16: bool, run: Run
 ) -> tuple[dict, dict[int, list[str]]]:
     """The length harness (`analysis.length_generalisation`, as its `length_generalisation_for_model_dir` runs
     it, with the same settings record) on the trained model, and what the model wrote for the inputs of every
     k > 1 joined sentences: the harness keeps only their scores, and the translations are what shows how a model
     fails there (one sentence written for four). A k whose inputs need more positions than the model holds has
-    no translations. A decode-time row's `decoding` loads and decodes the model its way."""
+    no translations. A decode-time row (`run`'s system) loads and decodes the model its way."""
+    decoding = DECODING.get(run.system)
     model, tokenizer = load_translation_model(models, **(decoding.config if decoding else {}))
+    generate = generate_settings(run, tokenizer)
     if torch.cuda.is_available():
         model = model.cuda()
     inputs = {tuple(join_consecutive(test.source, test.target, size)[0]): size for size in k if size > 1}
     written: dict[int, list[str]] = {}
 
     def translator(sources: list[str]) -> list[str]:
-        hypotheses = translate(
-            model, tokenizer, sources, bf16=bf16, **(decoding.generate if decoding else {})
-        )
+        hypotheses = translate(model, tokenizer, sources, bf16=bf16, **generate)
         if (size := inputs.get(tuple(sources))) is not None:
             written[size] = hypotheses
         return hypotheses

@@ -74,9 +74,11 @@ ROPE_SCALINGS = {
     "dynamic4": {"rope_type": "dynamic", "factor": 4.0, "original_max_position_embeddings": 128},
     "yarn4": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 128},
 }
-# Decode-time length control (docs/length.md): no end before the source's sentence count, with the loop guard it
-# turns on.
-LENGTH_CONTROL = {"match_source_sentence_count": True}
+# Decode-time length control (docs/length.md), as train.py --length_control saves it: no end before r x the source
+# length (r measured on the training pairs: `runs.generate_settings`) nor before the source's sentence count, with the
+# loop guard they turn on.
+TRAINING_RATIO = "measured on the training pairs"
+LENGTH_CONTROL = {"min_length_ratio": TRAINING_RATIO, "match_source_sentence_count": True}
 
 
 def length_option_rows(base: str) -> dict[str, Row]:

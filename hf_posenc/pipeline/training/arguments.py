@@ -248,6 +248,14 @@ class ModelArguments:
     )
     num_beams: int | None = field(default=None, metadata={"help": "saved in the generation config"})
     length_penalty: float | None = field(default=None, metadata={"help": "saved in the generation config"})
+    length_control: bool = field(
+        default=False,
+        metadata={
+            "help": "decode-time length control saved in the generation config (docs/length.md): no end before "
+            "r x the source length (r: the 5% quantile of the training pairs' target/source length ratio) nor "
+            "before the source's sentence count, with the loop guard they turn on"
+        },
+    )
 
 
 # The recipe keys that shape a model from scratch: a pretrained model brings its own, so with --model_name_or_path

@@ -29,7 +29,7 @@ from transformers.trainer_callback import ProgressCallback
 
 from ...base import PositionLimitError
 from ...configuration_marian_posenc import MarianPosEncConfig
-from ...generation_length import sentence_end_token_ids
+from ...generation_length import measure_min_length_ratio, sentence_end_token_ids
 from ...modeling_marian_posenc import (
     MAX_NEW_TOKENS_OVER_SOURCE,
     PAPER_1_DECODING,
@@ -181,6 +181,25 @@ def pretrained_model(args: Arguments, data: PreparedData):
     return load_pretrained(args.model.model_name_or_path, fields, args.model.architecture)
 
 
+def length_control(args: Arguments, data: PreparedData) -> dict:
+    """With --length_control, the generation-config settings that turn it on (docs/length.md): r measured on the
+    training examples as tokenized, the source's sentence count with the tokenizer's sentence ends."""
+    if not args.model.length_control:
+        return {}
+    ends = sentence_end_token_ids(data.tokenizer)
+    if not ends:
+        raise ValueError(
+            "--length_control: the tokenizer has no token that ends a sentence (., !, ? or one ending in them)"
+        )
+    ratio = measure_min_length_ratio(
+        list_lengths(data.train, "input_ids"), list_lengths(data.train, "labels")
+    )
+    logger.info(
+        "length control: min_length_ratio = %.3f (5%% quantile of the training pairs' target/source)", ratio
+    )
+    return {"min_length_ratio": ratio, "match_source_sentence_count": True, "sentence_end_token_ids": ends}
+
+
 def build_model(args: Arguments, data: PreparedData):
     """The model, with the precision and attention backend this machine runs fastest (or as asked)."""
     tokenizer = data.tokenizer
@@ -194,7 +213,9 @@ def build_model(args: Arguments, data: PreparedData):
     else:
         model, config = new_model(args, data, pad, eos)
     generation = {"num_beams": args.model.num_beams, "length_penalty": args.model.length_penalty}
-    model.generation_config.update(**{k: v for k, v in generation.items() if v is not None})
+    model.generation_config.update(
+        **{k: v for k, v in generation.items() if v is not None}, **length_control(args, data)
+    )
     device = args.training.device.type
     tokens = min(args.data.max_tokens or 512, 512)
     precision = choose_precision(

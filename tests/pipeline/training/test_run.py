@@ -306,3 +306,30 @@ def test_sentence_positions_take_the_tokenizers_sentence_ends_into_the_saved_con
     assert ends and config.sentence_end_token_ids == ends
     args = arguments.parse_args([*flags, "--output_dir", str(tmp_path / "plain")])
     assert run.data_config(args, 400, 0, 1, train=None).sentence_end_token_ids == []
+
+
+def test_length_control_saves_the_training_ratio_and_the_sentence_count_in_the_generation_config(
+    tmp_path, tiny_run_flags
+):
+    """`--length_control`: the saved generation config turns length control on (docs/length.md) with r measured on
+    the run's training examples; without it nothing is on."""
+    from transformers import GenerationConfig
+
+    flags = [
+        *tiny_run_flags(),
+        "--max_steps",
+        "2",
+        "--minutes",
+        "0",
+        "--schedule",
+        "fixed",
+        "--average_last",
+        "0",
+    ]
+    run.main([*flags, "--length_control", "true", "--output_dir", str(tmp_path / "controlled")])
+    saved = GenerationConfig.from_pretrained(tmp_path / "controlled")
+    assert 0 < saved.min_length_ratio < 1.5 and saved.match_source_sentence_count is True
+    assert saved.sentence_end_token_ids
+    run.main([*flags, "--output_dir", str(tmp_path / "plain")])
+    plain = GenerationConfig.from_pretrained(tmp_path / "plain")
+    assert plain.min_length_ratio is None and plain.match_source_sentence_count is False
