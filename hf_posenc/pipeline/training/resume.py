@@ -11,6 +11,7 @@ import json
 import logging
 from pathlib import Path
 
+import torch
 from safetensors import SafetensorError, safe_open
 
 from .arguments import Arguments
@@ -18,6 +19,8 @@ from .averaging import RUN_SPECIFIC_CONFIG_KEYS
 
 logger = logging.getLogger("train")
 SETTINGS_FILE = "run_settings.json"  # in the checkpoint folder: what a resumed run must repeat
+# config.json fields that saving or training set, not the run's choice
+CHECKPOINT_ONLY_CONFIG_KEYS = {"architectures", "auto_map", "use_cache"}
 
 
 # What shapes the training trajectory: a resumed run must repeat these (the budget may change).
@@ -72,29 +75,50 @@ def run_settings(args: Arguments, model) -> dict:
 
 
 def check_resume_settings(args: Arguments, model, resume: str | None) -> None:
-    """A fresh run records its settings; a resumed one must have the same: another learning rate, schedule,
-    data or architecture would be ignored by the restored optimizer and scheduler, or fail deep inside them."""
+    """A fresh run records its settings; a resumed one must have those of the run that wrote the checkpoint:
+    another learning rate, schedule, data or architecture would be ignored by the restored optimizer and
+    scheduler, or fail deep inside them. The checkpoint may be another run's, or its run's record may be gone:
+    then what the checkpoint holds (its config.json, its scheduler's learning rate) is compared."""
     path = args.checkpoints_dir / SETTINGS_FILE
     settings = run_settings(args, model)
-    if resume is None:
-        args.checkpoints_dir.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(settings, indent=2) + "\n")
-        return
-    if not path.is_file():
-        logger.warning("%s is missing: cannot check that this run repeats the settings it resumes", path)
-        return
-    saved = json.loads(path.read_text())
-    differing = [
-        f"{name}={settings[group].get(name)!r} (the run resumed: {saved[group].get(name)!r})"
-        for group in settings
-        for name in sorted(settings[group].keys() | saved.get(group, {}).keys())
-        if settings[group].get(name) != saved.get(group, {}).get(name)
-    ]
-    if differing:
-        raise ValueError(
-            f"--resume_from_checkpoint: this run's settings differ from those of the run in {args.checkpoints_dir}: "
-            f"{'; '.join(differing)}. Resume with the same settings, or start a new run (another --output_dir)"
-        )
+    if resume is not None:
+        saved, origin, complete = saved_settings(Path(resume), type(model.config))
+        differing = [
+            f"{name}={settings[group].get(name)!r} (the run resumed: {saved[group].get(name)!r})"
+            for group in saved
+            for name in sorted(settings[group].keys() | saved[group].keys() if complete else saved[group])
+            if settings[group].get(name) != saved[group].get(name)
+        ]
+        if differing:
+            raise ValueError(
+                f"--resume_from_checkpoint: this run's settings differ from those of {origin}: "
+                f"{'; '.join(differing)}. Resume with the same settings, or start a new run (another --output_dir)"
+            )
+        if path.is_file():
+            return
+    args.checkpoints_dir.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(settings, indent=2) + "\n")
+
+
+def saved_settings(checkpoint: Path, config_class) -> tuple[dict, str, bool]:
+    """The settings of the run that wrote `checkpoint`, where they were read, and whether they are all of them:
+    its run's record (`run_settings.json` beside it), else those the checkpoint holds itself: the architecture
+    (config.json, read through `config_class` for the defaults it leaves out) and the learning rate (the
+    scheduler's base rate)."""
+    record = checkpoint.parent / SETTINGS_FILE
+    if record.is_file():
+        return json.loads(record.read_text()), f"the run in {checkpoint.parent}", True
+    logger.warning("%s is missing: comparing this run with what %s holds", record, checkpoint)
+    saved = {}
+    if (checkpoint / "config.json").is_file():
+        config = config_class.from_json_file(checkpoint / "config.json").to_dict()
+        ignored = RUN_SPECIFIC_CONFIG_KEYS | CHECKPOINT_ONLY_CONFIG_KEYS
+        saved["model"] = json.loads(json.dumps({k: v for k, v in config.items() if k not in ignored}))
+    if (checkpoint / "scheduler.pt").is_file():
+        base_rates = torch.load(checkpoint / "scheduler.pt", weights_only=True).get("base_lrs")
+        if base_rates:
+            saved["training"] = {"learning_rate": base_rates[0]}
+    return saved, f"checkpoint {checkpoint}", False
 
 
 def resume_checkpoint(args: Arguments) -> str | None:

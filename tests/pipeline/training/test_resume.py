@@ -126,3 +126,26 @@ def test_resuming_with_another_learning_rate_or_module_is_refused_naming_both(tm
     ):
         run.main([*resume, "--position_encoding", "learned"])
     assert run.main(resume)["steps"] == 3
+
+
+def test_resuming_another_runs_checkpoint_checks_its_settings_even_without_its_record(
+    tmp_path, tiny_run_flags
+):
+    """Resuming another run's checkpoint (into a new folder) compares with that run's record; with the record
+    gone, with what the checkpoint holds: its scheduler's learning rate and its config.json."""
+    flags = [*tiny_run_flags(), "--minutes", "0", "--save_strategy", "steps", "--save_steps", "1"]
+    run.main([*flags, "--output_dir", str(tmp_path / "first"), "--max_steps", "2"])
+    checkpoint = tmp_path / "first-checkpoints" / "checkpoint-2"
+    again = [*flags, "--output_dir", str(tmp_path / "second"), "--max_steps", "3"]
+    again += ["--resume_from_checkpoint", str(checkpoint)]
+    for record in ("kept", "gone"):
+        if record == "gone":
+            (checkpoint.parent / resume.SETTINGS_FILE).unlink()
+        with pytest.raises(ValueError, match=r"learning_rate=0\.001 \(the run resumed: 0\.002\)"):
+            run.main([*again, "--learning_rate", "0.001"])
+        with pytest.raises(
+            ValueError, match=r"encoder_position_encoding='learned' \(the run resumed: 'sinusoidal'\)"
+        ):
+            run.main([*again, "--position_encoding", "learned"])
+    assert run.main(again)["steps"] == 3
+    assert (tmp_path / "second-checkpoints" / resume.SETTINGS_FILE).is_file()  # the new run's own record
