@@ -204,10 +204,9 @@ def push_to_hub(folder: Path, training, commit_message: str) -> str:
     return getattr(commit, "commit_url", repo_id)
 
 
-def export(args, model, data, evaluation, record: dict) -> Path:
-    """The Hub folder, written whole into place (`write_run_folder`); then the dry-run copy and the upload."""
-    output_dir = Path(args.training.output_dir)
-    training = args.training
+def card_fields(args, data, evaluation, record: dict) -> dict:
+    """The model card's fields of a run (`write_model_card`), before its paths are made portable."""
+    output_dir, training = Path(args.training.output_dir), args.training
     uses_tokens = args.data.max_tokens and args.model.architecture == "marian_posenc"
     batching = (
         f"{args.data.max_tokens} tokens"
@@ -220,16 +219,7 @@ def export(args, model, data, evaluation, record: dict) -> Path:
         if args.data.test_source is None
         else Path(args.data.test_source).name.removesuffix(".gz").rsplit(".", 1)[0]
     )
-    root = data_root(args.data.data_root)
-    # the data's name: the `datasets` id, or the folder the files are in (multi30k for the shipped data)
-    folder = Path(args.data.train_source).parent if args.data.train_source else Path(args.data.data_dir)
-    dataset = dataset_of(
-        args.data.hf_dataset or folder.name,
-        args.data.source_lang,
-        args.data.target_lang,
-        portable_paths(data.train_text.name, root),
-    )
-    card = dict(
+    return dict(
         model_name=output_dir.name,
         source_lang=args.data.source_lang,
         target_lang=args.data.target_lang,
@@ -248,6 +238,21 @@ def export(args, model, data, evaluation, record: dict) -> Path:
         if evaluation.degenerate
         else "",
     )
+
+
+def export(args, model, data, evaluation, record: dict) -> Path:
+    """The Hub folder, written whole into place (`write_run_folder`); then the dry-run copy and the upload."""
+    output_dir, training = Path(args.training.output_dir), args.training
+    root = data_root(args.data.data_root)
+    # the data's name: the `datasets` id, or the folder the files are in (multi30k for the shipped data)
+    folder = Path(args.data.train_source).parent if args.data.train_source else Path(args.data.data_dir)
+    dataset = dataset_of(
+        args.data.hf_dataset or folder.name,
+        args.data.source_lang,
+        args.data.target_lang,
+        portable_paths(data.train_text.name, root),
+    )
+    card = card_fields(args, data, evaluation, record)
     card, record = portable_paths(card, root), portable_paths(record, root)
 
     def write(folder: Path) -> None:

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import torch
 import transformers
-from transformers import DataCollatorForSeq2Seq, MarianMTModel
+from transformers import DataCollatorForSeq2Seq, MarianMTModel, Seq2SeqTrainingArguments
 from transformers.trainer_callback import ProgressCallback
 
 from ...base import PositionLimitError
@@ -300,13 +300,8 @@ class TrainingReport:
     memory_reused: bool = False  # --cpu_memory reuse applied (a glibc CPU)
 
 
-def train(args: Arguments, model, data: PreparedData, precision) -> tuple[TranslationTrainer, TrainingReport]:
-    """`Seq2SeqTrainer` run with token-budget batches, the time budget, progress and a budget check."""
-    resume = resume_checkpoint(args)
-    if args.training.process_index == 0:
-        if args.run.overwrite_output_dir and resume is None:
-            set_aside_checkpoints(args.checkpoints_dir)
-        check_resume_settings(args, model, resume)
+def trainer_arguments(args: Arguments, precision) -> Seq2SeqTrainingArguments:
+    """The Trainer's arguments for this run, its budget logged."""
     # checkpoints go beside the run folder; `export` uploads the finished folder, not the Trainer
     # --eval_bleu scores generated validation translations: the Trainer must generate when it evaluates
     # bf16/fp16 are given here, not set afterwards: __post_init__ turns them into the `mixed_precision` that the
@@ -315,6 +310,7 @@ def train(args: Arguments, model, data: PreparedData, precision) -> tuple[Transl
         args.training,
         output_dir=str(args.checkpoints_dir),
         push_to_hub=False,
+        hub_token=None,  # kept out of the training_args.bin of every checkpoint; the upload reads args.training
         predict_with_generate=args.training.predict_with_generate or args.run.eval_bleu,
         bf16=precision.precision == "bf16",
         fp16=precision.precision == "fp16",
@@ -325,6 +321,12 @@ def train(args: Arguments, model, data: PreparedData, precision) -> tuple[Transl
         f"{training.max_steps} updates" if training.max_steps > 0 else f"{training.num_train_epochs} epochs"
     )
     logger.info("training budget: %s, whichever ends first", " or ".join(budget))
+    return training
+
+
+def build_trainer(args: Arguments, model, data: PreparedData, training, precision):
+    """(the Trainer with token-budget batches and the budget's callbacks, the learning-rate plan or None, the
+    budget check or None)."""
     # the stock baseline trains on the Trainer's own batches of per_device_train_batch_size sentences
     max_tokens = args.data.max_tokens if args.model.architecture == "marian_posenc" else None
     if max_tokens:
@@ -365,6 +367,18 @@ def train(args: Arguments, model, data: PreparedData, precision) -> tuple[Transl
             args.run.minutes, precision.precision, describe_hardware(training.device), stop=stop
         )
         trainer.add_callback(check)
+    return trainer, plan, check
+
+
+def train(args: Arguments, model, data: PreparedData, precision) -> tuple[TranslationTrainer, TrainingReport]:
+    """`Seq2SeqTrainer` run with token-budget batches, the time budget, progress and a budget check."""
+    resume = resume_checkpoint(args)
+    if args.training.process_index == 0:
+        if args.run.overwrite_output_dir and resume is None:
+            set_aside_checkpoints(args.checkpoints_dir)
+        check_resume_settings(args, model, resume)
+    training = trainer_arguments(args, precision)
+    trainer, plan, check = build_trainer(args, model, data, training, precision)
     first_step = json.loads((Path(resume) / "trainer_state.json").read_text())["global_step"] if resume else 0
     memory_reused = args.run.cpu_memory == "reuse" and keep_freed_memory(training.device)
     if memory_reused:

@@ -42,7 +42,7 @@ def test_the_hub_parser_reads_tag_licence_dataset_split_and_scores(tmp_path, tin
     assert result["bleu"].metric_value == 31.2 and result["chrf"].metric_value == 55.1
     assert (
         result["bleu"].dataset_type == "bentrevett/multi30k"
-        and result["bleu"].dataset_split == "test_2016_flickr"
+        and result["bleu"].dataset_split == "test"  # the Hub dataset's name of test_2016_flickr
     )
     assert (
         "100 sentence pairs" in card.text and "1,000" not in card.text
