@@ -208,3 +208,16 @@ def test_the_loggers_files_go_into_the_uploaded_folder(tmp_path, monkeypatch):
     other.mkdir()
     copy_training_logs(tmp_path / "run-checkpoints", other)
     assert (other / "runs" / "events.out.tfevents.2").is_file()
+
+
+def test_the_hub_token_reaches_the_upload_and_no_written_file(hub, tmp_path, tiny_run_flags):
+    """The Trainer pickles its arguments into every checkpoint (training_args.bin): the token stays out of them,
+    and out of the run folder, and still reaches the upload."""
+    token = "hf_NotARealTokenButLongEnough1234"
+    flags = [*tiny_run_flags(), "--minutes", "0", "--max_steps", "2", "--output_dir", str(tmp_path / "run")]
+    flags += ["--save_strategy", "steps", "--save_steps", "1"]
+    run.main([*flags, "--push_to_hub", "--hub_model_id", "someone/model", "--hub_token", token])
+    assert hub.token == token and [name for name, _ in hub.calls][-1] == "upload_folder"
+    written = [path for path in tmp_path.rglob("*") if path.is_file()]
+    assert any(path.name == "training_args.bin" for path in written)
+    assert [path for path in written if token.encode() in path.read_bytes()] == []
