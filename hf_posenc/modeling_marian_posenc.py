@@ -751,9 +751,7 @@ class MarianPosEncForConditionalGeneration(MarianPosEncPreTrainedModel, Generati
             and not {"max_new_tokens", "max_length"} & kwargs.keys()
         ):
             kwargs["max_new_tokens"] = source.shape[-1] + over_source
-        control = LengthControl.from_settings(
-            settings, kwargs, self.config
-        )  # refuses bad length keys by rule
+        control = LengthControl.from_settings(settings, kwargs, self.config)  # first: its keys' own rules
         check_generation_settings(
             settings.to_dict(),
             kwargs,
