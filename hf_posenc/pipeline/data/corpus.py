@@ -37,9 +37,13 @@ Invalid TRAINING pairs are skipped and counted by reason (validation and test se
 
 Processes that prepare the same data at once (the ranks of a multi-process run) take turns through a file lock;
 entries are written into a staging folder and renamed into place, so a killed run leaves no half entry. The
-cache may be deleted at any time.
+cache may be deleted at any time. An entry damaged afterwards (a file truncated, overwritten or deleted) is
+named and built again. A cache this process cannot write (a complete one a team shares read-only) is read
+without the lock; an entry it lacks or holds damaged is an error naming it. A full disk is an error naming the
+cache folder.
 """
 
+import errno
 import hashlib
 import json
 import logging
@@ -48,6 +52,7 @@ import shutil
 import tempfile
 import time
 from collections.abc import Callable, Iterator
+from contextlib import nullcontext
 from dataclasses import dataclass, fields
 from functools import partial
 from pathlib import Path
@@ -330,25 +335,68 @@ def encode_pairs(batch: dict, tokenizer: PreTrainedTokenizerBase) -> dict:
     }
 
 
-def read_manifest(folder: Path) -> dict | None:
-    """An entry's manifest, or None where there is no complete entry."""
-    path = folder / MANIFEST
-    return json.loads(path.read_text()) if path.is_file() else None
+def open_entry(folder: Path, opener: Callable[[Path, dict], object]) -> tuple[object, dict] | None:
+    """A complete entry opened by `opener(folder, manifest)` and its manifest, or None where there is none. An
+    entry whose manifest or files are unreadable, truncated or gone is damaged: it is removed to be built again,
+    and named in the log; in a cache this process cannot write, it is an error naming the command that removes
+    it."""
+    if not (folder / MANIFEST).is_file():
+        return None
+    try:
+        manifest = json.loads((folder / MANIFEST).read_text())
+        return opener(folder, manifest), manifest
+    # damage shows as whatever the reader raises: json, pyarrow, the tokenizers library (a bare Exception)
+    except Exception as error:
+        problem = f"{type(error).__name__}: {error}"
+    try:
+        shutil.rmtree(folder)
+    except OSError as error:
+        raise ValueError(
+            f"the data cache entry {folder} is damaged ({problem}) and cannot be removed here ({error}); remove "
+            f"it with `rm -r {folder}` (it is built again), or give another --data_cache_dir"
+        ) from None
+    logger.warning("the data cache entry %s is damaged (%s): building it again", folder, problem)
+    return None
+
+
+def counted(dataset: datasets.Dataset, manifest: dict, name: str) -> datasets.Dataset:
+    """`dataset`, checked to hold the rows the manifest records under `name` (an entry overwritten by another)."""
+    if name in manifest and len(dataset) != manifest[name]:
+        raise ValueError(f"{len(dataset)} rows where the manifest records {manifest[name]} {name}")
+    return dataset
+
+
+def cache_write_error(cache: Path, error: OSError) -> ValueError:
+    """What to do when the cache folder cannot take an entry: a full disk, or no permission to write."""
+    if error.errno in (errno.ENOSPC, errno.EDQUOT):
+        return ValueError(
+            f"the data cache {cache} ran out of disk space ({error.strerror}); free space there, or give "
+            "--data_cache_dir a folder on a disk with room"
+        )
+    return ValueError(
+        f"the data cache {cache} cannot be written ({error}); give a writable --data_cache_dir, or one that "
+        "holds this data's entries"
+    )
 
 
 def write_entry(folder: Path, key: dict, build: Callable[[Path], dict]) -> dict:
     """A cache entry: `build(staging)` writes its files into a staging folder beside `folder` and returns what
     the manifest records; the folder is renamed into place only once complete."""
-    folder.parent.mkdir(parents=True, exist_ok=True)
-    if folder.exists():  # a folder without a manifest: not ours to trust
-        shutil.rmtree(folder)
-    staging = Path(tempfile.mkdtemp(dir=folder.parent, prefix=f".{folder.name}-"))
+    try:
+        folder.parent.mkdir(parents=True, exist_ok=True)
+        if folder.exists():  # a folder without a manifest: not ours to trust
+            shutil.rmtree(folder)
+        staging = Path(tempfile.mkdtemp(dir=folder.parent, prefix=f".{folder.name}-"))
+    except OSError as error:
+        raise cache_write_error(folder.parents[1], error) from None
     try:
         manifest = {"key": key, **build(staging)}
         (staging / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
         staging.rename(folder)
-    except BaseException:
+    except BaseException as error:
         shutil.rmtree(staging, ignore_errors=True)
+        if isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EDQUOT):
+            raise cache_write_error(folder.parents[1], error) from None
         raise
     return manifest
 
@@ -369,24 +417,36 @@ def corpus_tokenizer(
         "min_frequency": BPE_MIN_FREQUENCY,
     }
     folder = cache / "tokenizers" / digest(key)
-    status = "reused"
-    if read_manifest(folder) is None:
-        learned = learn_bpe(text.read(), settings.vocab_size, settings.bpe_sample_pairs)
-        if (
-            len(learned) > settings.vocab_size
-        ):  # BPE keeps every character of the text whatever the size asked
-            raise ValueError(
-                f"--vocab_size={settings.vocab_size} is smaller than the {len(learned)} characters and special "
-                "tokens of the training text; ask for more (the recipes use 6000-40000)"
-            )
+    opened = open_entry(folder, open_tokenizer)
+    if opened is not None:
+        return opened[0], "reused"
+    learned = learn_bpe(text.read(), settings.vocab_size, settings.bpe_sample_pairs)
+    if len(learned) > settings.vocab_size:  # BPE keeps every character of the text whatever the size asked
+        raise ValueError(
+            f"--vocab_size={settings.vocab_size} is smaller than the {len(learned)} characters and special "
+            "tokens of the training text; ask for more (the recipes use 6000-40000)"
+        )
 
-        def save(staging: Path) -> dict:
-            learned.save_pretrained(staging)
-            return {"vocabulary": len(learned)}
+    def save(staging: Path) -> dict:
+        learned.save_pretrained(staging)
+        return {"vocabulary": len(learned)}
 
-        write_entry(folder, key, save)
-        status = "built"
-    return PreTrainedTokenizerFast.from_pretrained(folder), status
+    write_entry(folder, key, save)
+    return PreTrainedTokenizerFast.from_pretrained(folder), "built"
+
+
+def open_tokenizer(folder: Path, manifest: dict) -> PreTrainedTokenizerFast:
+    tokenizer = PreTrainedTokenizerFast.from_pretrained(folder)
+    if len(tokenizer) != manifest["vocabulary"]:
+        raise ValueError(f"{len(tokenizer)} tokens where the manifest records {manifest['vocabulary']}")
+    return tokenizer
+
+
+def open_pairs(folder: Path, manifest: dict) -> datasets.Dataset:
+    shards = [datasets.Dataset.from_file(str(folder / name)) for name in manifest["files"]]
+    return counted(
+        shards[0] if len(shards) == 1 else datasets.concatenate_datasets(shards), manifest, "pairs"
+    )
 
 
 def tokenised_pairs(
@@ -394,43 +454,41 @@ def tokenised_pairs(
 ) -> tuple[datasets.Dataset, str]:
     """Every pair tokenised (cached): input_ids, labels, length, source_length, target_length, empty."""
     folder = cache / "pairs" / digest(key)
-    manifest = read_manifest(folder)
-    status = "reused"
-    if manifest is None:
-        raw = text.read()
-        workers = num_proc or max(1, min(len(os.sched_getaffinity(0)), len(raw) // PAIRS_PER_WORKER))
-        started = time.monotonic()
-        pairs = raw.map(
-            encode_pairs,
-            batched=True,
-            batch_size=ENCODE_BATCH,
-            num_proc=workers if workers > 1 else None,
-            remove_columns=["source", "target"],
-            features=PAIR_FEATURES,
-            fn_kwargs={"tokenizer": tokenizer},
-            cache_file_name=str(text.folder / "pairs.arrow"),
-            new_fingerprint=digest(key),
-            desc="tokenising the training pairs",
-        )
-        produced = [Path(entry["filename"]) for entry in pairs.cache_files]
-        logger.info(
-            "tokenised %d training pairs in %.0f s (%d process%s)",
-            len(pairs),
-            time.monotonic() - started,
-            workers,
-            "es" if workers > 1 else "",
-        )
-        del pairs
+    opened = open_entry(folder, open_pairs)
+    if opened is not None:
+        return opened[0], "reused"
+    raw = text.read()
+    workers = num_proc or max(1, min(len(os.sched_getaffinity(0)), len(raw) // PAIRS_PER_WORKER))
+    started = time.monotonic()
+    pairs = raw.map(
+        encode_pairs,
+        batched=True,
+        batch_size=ENCODE_BATCH,
+        num_proc=workers if workers > 1 else None,
+        remove_columns=["source", "target"],
+        features=PAIR_FEATURES,
+        fn_kwargs={"tokenizer": tokenizer},
+        cache_file_name=str(text.folder / "pairs.arrow"),
+        new_fingerprint=digest(key),
+        desc="tokenising the training pairs",
+    )
+    produced = [Path(entry["filename"]) for entry in pairs.cache_files]
+    logger.info(
+        "tokenised %d training pairs in %.0f s (%d process%s)",
+        len(pairs),
+        time.monotonic() - started,
+        workers,
+        "es" if workers > 1 else "",
+    )
+    del pairs
 
-        def move(staging: Path) -> dict:
-            for path in produced:
-                shutil.move(path, staging / path.name)
-            return {"files": [path.name for path in produced], "pairs": len(raw)}
+    def move(staging: Path) -> dict:
+        for path in produced:
+            shutil.move(path, staging / path.name)
+        return {"files": [path.name for path in produced], "pairs": len(raw)}
 
-        manifest = write_entry(folder, key, move)
-        status = "built"
-    shards = [datasets.Dataset.from_file(str(folder / name)) for name in manifest["files"]]
-    return (shards[0] if len(shards) == 1 else datasets.concatenate_datasets(shards)), status
+    manifest = write_entry(folder, key, move)
+    return open_pairs(folder, manifest), "built"
 
 
 def column(dataset: datasets.Dataset, name: str) -> np.ndarray:
@@ -556,24 +614,35 @@ def training_examples(
         "concatenation": augmentation,
     }
     folder = cache / "examples" / digest(key)
-    manifest = read_manifest(folder)
+    opened = open_entry(folder, open_examples)
     status = "reused"
-    if manifest is None:
+    if opened is None:
         starts, split = example_groups(pairs, kept, settings)
 
         def build(staging: Path) -> dict:
             write_examples(pairs, kept, starts, staging / "examples.arrow")
             joined = int((np.diff(starts) > 1).sum())
-            return {"files": ["examples.arrow"], "joined": joined, "split_too_long": split}
+            examples = len(starts) - 1
+            return {
+                "files": ["examples.arrow"],
+                "joined": joined,
+                "split_too_long": split,
+                "examples": examples,
+            }
 
         manifest = write_entry(folder, key, build)
-        status = "built"
+        opened, status = (open_examples(folder, manifest), manifest), "built"
+    examples, manifest = opened
     concatenation = (
         {**augmentation, "joined": manifest["joined"], "split_too_long": manifest["split_too_long"]}
         if augmentation
         else {}
     )
-    return datasets.Dataset.from_file(str(folder / "examples.arrow")), status, concatenation
+    return examples, status, concatenation
+
+
+def open_examples(folder: Path, manifest: dict) -> datasets.Dataset:
+    return counted(datasets.Dataset.from_file(str(folder / "examples.arrow")), manifest, "examples")
 
 
 @dataclass
@@ -609,20 +678,50 @@ def prepare_training_corpus(source: PairSource, settings: CorpusSettings) -> Tra
 
 def build_corpus(source: PairSource, settings: CorpusSettings, cache: Path) -> CorpusBuild:
     """Each stage (tokenizer, tokenised pairs, examples) from the cache or built into it, under a lock per
-    data key, so processes preparing the same data wait for one another."""
+    data key, so processes preparing the same data wait for one another. A cache this process cannot write is
+    read without the lock (nothing is written into it), its build folder in the system's temporary folder."""
     data_key = {"version": CACHE_VERSION, "data": source.key, "limit": settings.limit}
-    for folder in ("locks", "build"):
-        (cache / folder).mkdir(parents=True, exist_ok=True)
-    lock = FileLock(str(cache / "locks" / f"{digest(data_key)}.lock"))
-    with lock, tempfile.TemporaryDirectory(dir=cache / "build") as build:
-        text = CorpusText(source, settings.limit, Path(build))
-        tokenizer, tokenizer_status = corpus_tokenizer(text, settings, cache, data_key)
-        pairs_key = {**data_key, "stage": "pairs", "tokenizer": tokenizer_fingerprint(tokenizer)}
-        pairs, pairs_status = tokenised_pairs(text, tokenizer, cache, pairs_key, settings.num_proc)
-        kept, skipped = filter_pairs(pairs, settings, source.name)
-        examples, examples_status, concatenation = training_examples(pairs, kept, settings, cache, pairs_key)
+    writable = open_cache(cache)
+    lock = FileLock(str(cache / "locks" / f"{digest(data_key)}.lock")) if writable else nullcontext()
+    try:
+        with lock, tempfile.TemporaryDirectory(dir=cache / "build" if writable else None) as build:
+            text = CorpusText(source, settings.limit, Path(build))
+            tokenizer, tokenizer_status = corpus_tokenizer(text, settings, cache, data_key)
+            pairs_key = {**data_key, "stage": "pairs", "tokenizer": tokenizer_fingerprint(tokenizer)}
+            pairs, pairs_status = tokenised_pairs(text, tokenizer, cache, pairs_key, settings.num_proc)
+            kept, skipped = filter_pairs(pairs, settings, source.name)
+            examples, examples_status, concatenation = training_examples(
+                pairs, kept, settings, cache, pairs_key
+            )
+    except OSError as error:
+        if error.errno in (errno.ENOSPC, errno.EDQUOT):  # the build folder's writes are in the cache too
+            raise cache_write_error(cache, error) from None
+        raise
     status = {"tokenizer": tokenizer_status, "pairs": pairs_status, "examples": examples_status}
     return CorpusBuild(tokenizer, pairs, kept, skipped, examples, status, concatenation)
+
+
+def open_cache(cache: Path) -> bool:
+    """The cache folder made ready (its lock and build folders), and whether this process can write it; a
+    path that is, or lies under, a file is an error naming it."""
+    existing = next(path for path in (cache, *cache.parents) if path.exists())
+    if not existing.is_dir():
+        raise ValueError(
+            f"the data cache folder {cache} (--data_cache_dir, else ${CACHE_ENVIRONMENT}) "
+            f"{'is' if existing == cache else 'lies under'} the file {existing}; give a folder"
+        )
+    try:
+        for folder in ("locks", "build"):
+            (cache / folder).mkdir(parents=True, exist_ok=True)
+        tempfile.TemporaryFile(dir=cache / "locks").close()
+    except OSError as error:
+        if error.errno not in (errno.EACCES, errno.EPERM, errno.EROFS):
+            raise cache_write_error(cache, error) from None
+        logger.info(
+            "the data cache %s cannot be written (%s): reading it without a lock", cache, error.strerror
+        )
+        return False
+    return True
 
 
 def corpus_report(
