@@ -176,7 +176,9 @@ def training_source(data) -> PairSource:
     if data.train_source is not None:
         return file_source(data.train_source, data.train_target)
     if data.hf_dataset:
-        return hf_source(data.hf_dataset, data.hf_config, "train", data.source_lang, data.target_lang)
+        return hf_source(
+            data.hf_dataset, data.hf_config, data.hf_train_split, data.source_lang, data.target_lang
+        )
     directory = Path(data.data_dir)
     return file_source(
         find_split_file(directory, data.train_split, data.source_lang),
@@ -280,10 +282,15 @@ class CorpusText:
 
 
 def text_rows(source: PairSource, limit: int | None) -> Iterator[dict]:
+    number = 0
     for number, (source_text, target_text) in enumerate(source.reader(), start=1):
         yield {"source": source_text, "target": target_text}
         if limit is not None and number >= limit:
             return
+    if not number:
+        raise ValueError(
+            f"the training data {source.name} hold no lines; give files with one sentence per line"
+        )
 
 
 def bpe_sample(count: int, sample_pairs: int, seed: int = BPE_SAMPLE_SEED) -> np.ndarray | None:

@@ -208,9 +208,30 @@ def stream_hf_translation(
     """Training pairs streamed from a `datasets` corpus: a Hub id (needs the network, e.g. `wmt14` / `de-en`) or
     a local folder of data files. Streaming reads the corpus once, into the training cache (`corpus.py`),
     without a second full copy in the `datasets` cache."""
+    try:
+        dataset = open_hf_split(dataset_name, config_name, split)
+        yield from iter_translation_pairs(
+            dataset, source_lang, target_lang, name=f"{dataset_name}/{config_name}:{split}"
+        )
+    except ConnectionError as error:  # offline, or the Hub down: also while streaming
+        raise ValueError(
+            f"--hf_dataset {dataset_name}: the Hugging Face Hub could not be reached ({error}); check the network "
+            "(and that HF_HUB_OFFLINE and HF_DATASETS_OFFLINE are unset), or give a local copy: a folder to "
+            "--hf_dataset, or --train_source and --train_target"
+        ) from None
+
+
+def open_hf_split(dataset_name: str, config_name: str | None, split: str):
+    """The split, streamed; a split the corpus lacks is an error naming those it has."""
     import datasets
 
-    dataset = datasets.load_dataset(dataset_name, config_name, split=split, streaming=True)
-    yield from iter_translation_pairs(
-        dataset, source_lang, target_lang, name=f"{dataset_name}/{config_name}:{split}"
-    )
+    try:
+        return datasets.load_dataset(dataset_name, config_name, split=split, streaming=True)
+    except ValueError:
+        splits = datasets.get_dataset_split_names(dataset_name, config_name)
+        if split in splits:
+            raise
+        raise ValueError(
+            f"--hf_dataset {dataset_name} has no split {split!r}; its splits: {', '.join(splits)}. Choose the "
+            "training split with --hf_train_split"
+        ) from None

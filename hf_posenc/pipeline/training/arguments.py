@@ -113,6 +113,7 @@ class DataArguments:
     test_target: str | None = None
     hf_dataset: str | None = field(default=None, metadata={"help": "training data from `datasets` (online)"})
     hf_config: str | None = None
+    hf_train_split: str = field(default="train", metadata={"help": "the split of --hf_dataset trained on"})
     empty_lines: Literal["error", "skip"] | None = field(
         default=None,
         metadata={
