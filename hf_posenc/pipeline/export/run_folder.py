@@ -179,7 +179,26 @@ def copy_dry_run(output_dir: Path, dry_run: Path) -> None:
 
 def push_to_hub(folder: Path, training, commit_message: str) -> str:
     """Upload `folder` with the Trainer's Hub fields: `hub_model_id`, `hub_token`, `hub_private_repo`,
-    `hub_revision` (a branch, created if missing). Returns the commit URL."""
+    `hub_revision` (a branch, created if missing). Returns the commit URL. An upload the Hub refuses (no write
+    access, a rate limit, a server error) is an error saying that the folder is written and safe, with the
+    command that uploads it again."""
+    from huggingface_hub.errors import HfHubHTTPError
+
+    try:
+        return upload_run_folder(folder, training, commit_message)
+    except HfHubHTTPError as error:
+        status = getattr(error.response, "status_code", None)
+        again = [f"hf upload {training.hub_model_id} {folder} ."]
+        again += [f"--revision {training.hub_revision}"] if training.hub_revision else []
+        again += ["--private"] if training.hub_private_repo else []
+        raise ValueError(
+            f"the Hub refused the upload to {training.hub_model_id} (HTTP {status}: {str(error).splitlines()[0]}); "
+            f"the run folder {folder} is written and safe. Upload it again, logged in with a token that may write "
+            f"there (hf auth login), with: {' '.join(again)}"
+        ) from None
+
+
+def upload_run_folder(folder: Path, training, commit_message: str) -> str:
     from huggingface_hub import HfApi
 
     api = HfApi(token=training.hub_token)

@@ -221,3 +221,24 @@ def test_the_hub_token_reaches_the_upload_and_no_written_file(hub, tmp_path, tin
     written = [path for path in tmp_path.rglob("*") if path.is_file()]
     assert any(path.name == "training_args.bin" for path in written)
     assert [path for path in written if token.encode() in path.read_bytes()] == []
+
+
+def test_an_upload_the_hub_refuses_names_the_safe_run_folder_and_the_command_to_upload_again(
+    hub, tmp_path, monkeypatch
+):
+    import httpx2
+    from huggingface_hub.errors import HfHubHTTPError
+
+    def refused(*args, **kwargs):
+        response = httpx2.Response(403, request=httpx2.Request("POST", "https://huggingface.co/api/models/x"))
+        raise HfHubHTTPError("403 Forbidden: you have no write access to someone/model", response=response)
+
+    monkeypatch.setattr(hub, "upload_folder", refused)
+    folder = a_run_folder(tmp_path)
+    with pytest.raises(ValueError) as refusal:
+        push_to_hub(folder, hub_fields(hub_revision="seed-2", hub_private_repo=True), "msg")
+    message = str(refusal.value)
+    assert "\n" not in message and "the Hub refused the upload to someone/model (HTTP 403" in message
+    assert f"the run folder {folder} is written and safe" in message
+    assert message.endswith(f"hf upload someone/model {folder} . --revision seed-2 --private")
+    assert (folder / "model.safetensors").read_text() == "weights"
