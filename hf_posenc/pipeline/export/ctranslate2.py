@@ -338,6 +338,13 @@ def export_ctranslate2(model_dir, output_dir, quantization: str | None = None, f
     model_dir, output_dir = Path(model_dir), Path(output_dir)
     if not model_dir.is_dir():
         raise FileNotFoundError(f"MODEL_DIR {model_dir} does not exist or is not a folder")
+    if is_ctranslate2_folder(model_dir):
+        info = model_dir / EXPORT_INFO
+        source = json.loads(info.read_text()).get("source_model") if info.is_file() else None
+        raise ValueError(
+            f"MODEL_DIR {model_dir} is already a CTranslate2 export (it holds {CTRANSLATE2_WEIGHTS}); export the "
+            f"model folder it came from{f' ({source})' if source else ''}, or decode this one as it is"
+        )
     if quantization is not None and quantization not in QUANTIZATIONS:
         raise ValueError(f"--quantization={quantization!r} is not known; allowed: {', '.join(QUANTIZATIONS)}")
     check_output_folder(output_dir, model_dir, force)

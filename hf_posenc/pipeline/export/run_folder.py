@@ -134,9 +134,10 @@ def remove_set_aside(checkpoints_dir: Path) -> None:
         logger.info("removed the replaced run's checkpoints %s", aside)
 
 
-def write_run_folder(output_dir: Path, write) -> Path:
+def write_run_folder(output_dir: Path, write, checkpoints_dir: Path | None = None) -> Path:
     """`write(folder)` fills `<run>.partial`, which then replaces `output_dir` in one rename; the run it replaces
-    is removed only after that. A failed write removes the partial folder and leaves `output_dir` as it was."""
+    is removed only after that. A failed write removes the partial folder and leaves `output_dir` as it was; the
+    error advises resuming only where `checkpoints_dir` holds a checkpoint."""
     partial = output_dir.with_name(output_dir.name + ".partial")
     shutil.rmtree(partial, ignore_errors=True)
     try:
@@ -144,8 +145,8 @@ def write_run_folder(output_dir: Path, write) -> Path:
     except (OSError, SafetensorError) as error:
         shutil.rmtree(partial, ignore_errors=True)
         raise ValueError(
-            f"writing the run folder {partial} failed ({error}); {output_dir} is as it was. The trained weights "
-            f"are in the checkpoint folder: free the space and run again with --resume_from_checkpoint last"
+            f"writing the run folder {partial} failed ({error}); {output_dir} is as it was. "
+            + rerun_advice(checkpoints_dir)
         ) from None
     if output_dir.exists():
         replaced = output_dir.with_name(output_dir.name + REPLACED)
@@ -156,6 +157,18 @@ def write_run_folder(output_dir: Path, write) -> Path:
     else:
         os.replace(partial, output_dir)
     return output_dir
+
+
+def rerun_advice(checkpoints_dir: Path | None) -> str:
+    """What to run after a failed write: resume where a checkpoint is saved (the Trainer writes its
+    trainer_state.json last), else train again."""
+    saved = sorted(checkpoints_dir.glob("checkpoint-*/trainer_state.json")) if checkpoints_dir else []
+    if saved:
+        return (
+            f"The trained weights are in {checkpoints_dir} ({saved[-1].parent.name} and earlier): free the space "
+            "and run again with --resume_from_checkpoint last"
+        )
+    return "No checkpoint was saved, so the training must run again: free the space and rerun the command"
 
 
 def copy_training_logs(checkpoints_dir: Path, folder: Path) -> None:
@@ -282,7 +295,7 @@ def export(args, model, data, evaluation, record: dict) -> Path:
         write_model_card(folder, model, record, dataset, base_model=hub_base_model(args), **card)
         copy_training_logs(args.checkpoints_dir, folder)
 
-    write_run_folder(output_dir, write)
+    write_run_folder(output_dir, write, args.checkpoints_dir)
     remove_set_aside(args.checkpoints_dir)
     if args.run.hub_dry_run:
         copy_dry_run(output_dir, Path(args.run.hub_dry_run))

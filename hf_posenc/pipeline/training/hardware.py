@@ -131,9 +131,19 @@ def check_choice(name: str, value: str, allowed: tuple[str, ...]) -> None:
 
 
 def check_compiler(compile: bool, backend: str | None, device) -> None:
-    """Under `--torch_compile` on the CPU, inductor builds its kernels with a C++ compiler at the first update;
-    without one the run would fail there, after the data stage. Refuse it before any work instead."""
-    if not compile or backend != "inductor" or torch.device(device).type != "cpu":
+    """Under `--torch_compile`, a backend torch.compile does not know, and on the CPU inductor without the C++
+    compiler it builds its kernels with, would fail at the first update, after the data stage. Refuse them
+    before any work instead."""
+    if not compile:
+        return
+    from torch._dynamo import list_backends
+
+    known = list_backends(exclude_tags=())
+    if backend is not None and backend not in known:
+        raise ValueError(
+            f"--torch_compile_backend={backend!r} is not a torch.compile backend here; allowed: {', '.join(known)}"
+        )
+    if backend != "inductor" or torch.device(device).type != "cpu":
         return
     from torch._inductor import config, cpp_builder, exc
 

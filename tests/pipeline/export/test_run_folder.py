@@ -242,3 +242,23 @@ def test_an_upload_the_hub_refuses_names_the_safe_run_folder_and_the_command_to_
     assert f"the run folder {folder} is written and safe" in message
     assert message.endswith(f"hf upload someone/model {folder} . --revision seed-2 --private")
     assert (folder / "model.safetensors").read_text() == "weights"
+
+
+@pytest.mark.parametrize("saved", [False, True])
+def test_a_failed_write_advises_resuming_only_where_a_checkpoint_is_saved(tmp_path, saved):
+    checkpoints = tmp_path / "run-checkpoints"
+    checkpoints.mkdir()
+    if saved:
+        (checkpoints / "checkpoint-4").mkdir()
+        (checkpoints / "checkpoint-4" / "trainer_state.json").write_text("{}")
+
+    def disk_full(folder: Path):
+        raise OSError(28, "No space left on device")
+
+    with pytest.raises(ValueError) as failure:
+        write_run_folder(tmp_path / "run", disk_full, checkpoints)
+    message = str(failure.value)
+    assert ("--resume_from_checkpoint last" in message) == saved
+    assert (
+        f"are in {checkpoints} (checkpoint-4 and earlier)" if saved else "No checkpoint was saved"
+    ) in message
