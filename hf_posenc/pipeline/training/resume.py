@@ -9,6 +9,7 @@ optimizer and scheduler, or fail deep inside them.
 
 import json
 import logging
+import pickle
 from pathlib import Path
 
 import torch
@@ -114,10 +115,13 @@ def saved_settings(checkpoint: Path, config_class) -> tuple[dict, str, bool]:
         config = config_class.from_json_file(checkpoint / "config.json").to_dict()
         ignored = RUN_SPECIFIC_CONFIG_KEYS | CHECKPOINT_ONLY_CONFIG_KEYS
         saved["model"] = json.loads(json.dumps({k: v for k, v in config.items() if k not in ignored}))
-    if (checkpoint / "scheduler.pt").is_file():
+    try:
         base_rates = torch.load(checkpoint / "scheduler.pt", weights_only=True).get("base_lrs")
-        if base_rates:
-            saved["training"] = {"learning_rate": base_rates[0]}
+    except (OSError, RuntimeError, pickle.UnpicklingError) as error:  # absent, or not plain data
+        logger.warning("cannot read the learning rate of %s (%s): it is not compared", checkpoint, error)
+        base_rates = None
+    if base_rates:
+        saved["training"] = {"learning_rate": base_rates[0]}
     return saved, f"checkpoint {checkpoint}", False
 
 
