@@ -79,11 +79,11 @@ class LearnedPositionEncoding(PositionEncoding):
     reference = "Gehring et al. 2017; paper 1 Eq. 6 (LAPE)"
     citations = ("Gehring et al. 2017. Convolutional Sequence to Sequence Learning. ICML.", PAPER_1)
     # SHAPE (`shape_max_shift`) and randomized positions (`randomized_positions_max`), training options of the
-    # model, with the table they most affect: training positions reach length + K, and L - 1.
+    # model, with the table they most affect: training positions reach length + K, and L - 1 (L: the tiny table).
     variants = {
         "decoder-none": {"decoder_position_encoding": "none"},
         "shape": {"shape_max_shift": 8},
-        "randomized": {"randomized_positions_max": 48},
+        "randomized": {"randomized_positions_max": 64},
     }
     position_table_fields = ("max_position_embeddings",)
 

@@ -151,6 +151,16 @@ def export_refusals(config) -> list[str]:
             "at each sentence end and the sentence index adds a learned row or a cross-attention bias; CTranslate2 "
             "takes positions from the token index and has neither"
         )
+    if config.log_length_scaling:
+        reasons.append(
+            f"log_length_scaling={list(config.log_length_scaling)} (length-aware attention): CTranslate2 scales "
+            "attention logits by a constant, not by the log of each query's key count"
+        )
+    if config.rope_scaling is not None:
+        reasons.append(
+            f"rope_scaling={config.rope_scaling} (RoPE scaling at inference): no CTranslate2 mapping is written for "
+            "it (export the model without rope_scaling)"
+        )
     if config.activation_function not in ACTIVATIONS:
         reasons.append(
             f"activation_function={config.activation_function!r}: CTranslate2 computes "

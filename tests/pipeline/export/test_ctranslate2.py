@@ -85,6 +85,10 @@ def translation_model(tokenizer, overrides: dict, seed: int = 0):
     """A tiny model over the BPE vocabulary, with room for source length + 50 decoded positions."""
     torch.manual_seed(seed)
     fields = {**TINY_FIELDS, "vocab_size": len(tokenizer), "max_position_embeddings": 256}
+    if overrides.get(
+        "randomized_positions_max"
+    ):  # positions drawn from the whole table: the corpus's pairs fit
+        overrides = {**overrides, "randomized_positions_max": fields["max_position_embeddings"]}
     return MarianPosEncForConditionalGeneration(MarianPosEncConfig(**{**fields, **overrides})).eval()
 
 
@@ -221,6 +225,10 @@ def test_every_module_is_exported_or_refused_naming_it_and_the_missing_ctranslat
     ] + (["attention_gating=True"] if config.attention_gating else [])
     if config.sentence_end_token_ids:
         refused.append(f"sentence_end_token_ids={config.sentence_end_token_ids}".replace(" ", ""))
+    if config.log_length_scaling:
+        refused.append(f"log_length_scaling={list(config.log_length_scaling)}".replace(" ", ""))
+    if config.rope_scaling is not None:
+        refused.append(f"rope_scaling={config.rope_scaling}".replace(" ", ""))
     assert [reason.split(" (")[0].replace(" ", "") for reason in reasons] == refused
     assert all("CTranslate2" in reason for reason in reasons)
     if not reasons:
