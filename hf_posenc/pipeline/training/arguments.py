@@ -253,7 +253,7 @@ class ModelArguments:
         default=False,
         metadata={
             "help": "decode-time length control saved in the generation config (docs/length.md): no end before "
-            "r x the source length (r: the 5% quantile of the training pairs' target/source length ratio) nor "
+            "r x the source length (r: the 5%% quantile of the training pairs' target/source length ratio) nor "
             "before the source's sentence count, with the loop guard they turn on"
         },
     )
