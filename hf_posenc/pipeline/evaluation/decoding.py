@@ -9,6 +9,7 @@ from pathlib import Path
 
 import torch
 
+from ...model_checks import check_generation_settings
 from ..cli import check_number
 from ..training.progress import LOG_EVERY_SECONDS, ProgressReport
 
@@ -22,20 +23,14 @@ WEIGHT_FILES = (
 
 
 # Decoding settings that count something: below 1 they decode nothing or fail deep inside `generate`.
-DECODING_COUNTS = ("num_beams", "max_new_tokens", "max_length", "num_return_sequences")
-
-
 def check_decoding_settings(model, generate_kwargs: dict) -> None:
     """Refuse decoding settings that would decode garbage without an error: a non-finite float (a NaN length
     penalty ranks every beam alike and collapses the output) or a count below 1, given by the caller or saved
-    in the model's generation config."""
+    in the model's generation config: the model's own rule (`check_generation_settings`), before any decoding."""
     saved = model.generation_config.to_dict()
-    for name, value in {**saved, **generate_kwargs}.items():
-        origin = "given to translate" if name in generate_kwargs else "in the model's generation_config.json"
-        if isinstance(value, float):
-            check_number(name, value, hint=f"the decoding setting {origin}")
-        elif name in DECODING_COUNTS and value is not None:
-            check_number(name, value, minimum=1, integer=True, hint=f"the decoding setting {origin}")
+    check_generation_settings(
+        saved, generate_kwargs, "in the model's generation_config.json", "given to translate"
+    )
 
 
 # A sentence ends at sentence-final punctuation, with any closing quotes or brackets, followed by white space
