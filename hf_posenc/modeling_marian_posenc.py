@@ -422,6 +422,16 @@ class MarianPosEncEncoder(MarianPosEncStack):
         )
 
 
+def check_encoder_states(encoder_hidden_states) -> None:
+    """The decoder cross-attends to the encoder's output in every layer: without it there is nothing to decode."""
+    if encoder_hidden_states is None:
+        raise ValueError(
+            "the decoder needs encoder_hidden_states, the encoder's output (B, S, D): every decoder layer "
+            "cross-attends to it (there is no decoder-only use); call the whole model, or pass "
+            "encoder_hidden_states=model.get_encoder()(input_ids).last_hidden_state."
+        )
+
+
 class MarianPosEncDecoder(MarianPosEncStack):
     """Token embeddings -> position encoding -> `config.decoder_layers` decoder layers, with a cache."""
 
@@ -478,6 +488,71 @@ class MarianPosEncDecoder(MarianPosEncStack):
         return additive_mask(cross_mask, bias, context, is_causal=False)
 
     @can_return_tuple
+    def decoder_masks(
+        self, inputs_embeds, attention_mask, encoder_hidden_states, encoder_attention_mask, cache
+    ):
+        """(the causal self-attention mask over the cached and new positions, the cross-attention mask)."""
+        batch_size, query_length = inputs_embeds.shape[:2]
+        past_length = cache.get_seq_length() if cache is not None else 0
+        if attention_mask is None:
+            attention_mask = torch.ones(batch_size, past_length + query_length, device=inputs_embeds.device)
+        self_cache = cache.self_attention_cache if cache is not None else None
+        causal_mask = create_causal_mask(
+            config=self.config,
+            inputs_embeds=inputs_embeds,
+            attention_mask=attention_mask,
+            **{MASK_CACHE_ARGUMENT: self_cache},
+        )
+        cross_mask = create_bidirectional_mask(
+            config=self.config,
+            inputs_embeds=inputs_embeds,
+            attention_mask=encoder_attention_mask,
+            encoder_hidden_states=encoder_hidden_states,
+        )
+        return causal_mask, cross_mask
+
+    def decoder_contexts(
+        self, key_positions, past_length: int, shifted: bool, encoder_hidden_states, source_mask
+    ):
+        """(self-attention context, cross-attention context) of the new positions after `past_length` cached ones.
+
+        Host-side spans from the cache length (and SHAPE's largest shift, `shifted`): no position tensor is read
+        back during decoding. Padded source positions are bounded by the source length. Cross-attention sees the
+        source positions unshifted: the encoder's SHAPE offsets are its own (drawn independently)."""
+        query_positions = key_positions[:, past_length:]  # (B|1, q)
+        source_length = encoder_hidden_states.shape[1]
+        source_positions = positions_from_padding_mask(
+            source_mask, source_length, key_positions.device
+        )  # (B|1, S)
+        last = key_positions.shape[1] - 1 + (self.config.shape_max_shift if shifted else 0)
+        query_span, source_span = (past_length, last), (0, source_length - 1)
+        self_context = PositionContext(
+            self.position_encoding, query_positions, key_positions, query_span, (0, last)
+        )
+        cross_context = PositionContext(None, query_positions, source_positions, query_span, source_span)
+        return self_context, cross_context
+
+    def shifted_positions(self, key_positions, batch_size: int, cache):
+        """(key positions with SHAPE's offsets in training, (B, k); the offsets or None): the first step's offsets,
+        kept in the cache, serve the later steps."""
+        offsets = self.shape_offsets(batch_size, key_positions.device)
+        if offsets is None:
+            return key_positions, None
+        if isinstance(cache, PosEncCache):
+            offsets = cache.extra_state.setdefault(SHAPE_OFFSETS, offsets)
+        return key_positions + offsets, offsets
+
+    def randomized_context(
+        self, context, key_positions, batch_size: int, past_length: int
+    ) -> PositionContext:
+        """The self-attention context with randomized positions in training (embeddings and self-attention;
+        cross-attention keeps plain positions), else `context`."""
+        randomized = self.randomized_positions(key_positions, batch_size, past_length)
+        if randomized is None:
+            return context
+        span = (0, self.config.randomized_positions_max - 1)
+        return PositionContext(self.position_encoding, randomized, randomized, span, span)
+
     def forward(
         self,
         input_ids=None,
@@ -494,68 +569,32 @@ class MarianPosEncDecoder(MarianPosEncStack):
     ) -> BaseModelOutputWithPastAndCrossAttentions:
         r"""encoder_sentence_indices (`(B, S)`): the source tokens' sentence indices, from the encoder's output
         (`MarianPosEncEncoderOutput.sentence_indices`); needed with `sentence_cross_attention_bias`."""
-        if encoder_hidden_states is None:
-            raise ValueError(
-                "the decoder needs encoder_hidden_states, the encoder's output (B, S, D): every decoder layer "
-                "cross-attends to it (there is no decoder-only use); call the whole model, or pass "
-                "encoder_hidden_states=model.get_encoder()(input_ids).last_hidden_state."
-            )
+        check_encoder_states(encoder_hidden_states)
         inputs_embeds = self.scaled_embeddings(input_ids, inputs_embeds, "decoder_")  # (B, q, D)
         batch_size, query_length = inputs_embeds.shape[:2]
-        device = inputs_embeds.device
         if use_cache and past_key_values is None:
             past_key_values = DynamicCache(config=self.config)
         past_key_values = as_posenc_cache(past_key_values, self.config)
-
         # Query positions come from the number of cached positions: the one place that decides them.
         past_length = past_key_values.get_seq_length() if past_key_values is not None else 0
-        key_positions = torch.arange(past_length + query_length, device=device)[None]  # (1, k)
+        key_positions = torch.arange(past_length + query_length, device=inputs_embeds.device)[None]  # (1, k)
         order = key_positions[:, past_length:]  # (1, q)
         sentences = self.decoder_sentences(input_ids, order, past_length, past_key_values)
-        offsets = self.shape_offsets(batch_size, device)
-        if offsets is not None:
-            if isinstance(past_key_values, PosEncCache):  # the first step's offsets serve the later steps
-                offsets = past_key_values.extra_state.setdefault(SHAPE_OFFSETS, offsets)
-            key_positions = key_positions + offsets  # (B, k)
-        query_positions = key_positions[:, past_length:]  # (B|1, q)
-        source_positions = positions_from_padding_mask(
-            encoder_attention_mask, encoder_hidden_states.shape[1], device
-        )  # (B|1, S)
-
-        if attention_mask is None:
-            attention_mask = torch.ones(batch_size, past_length + query_length, device=device)
-        self_cache = past_key_values.self_attention_cache if past_key_values is not None else None
-        causal_mask = create_causal_mask(
-            config=self.config,
-            inputs_embeds=inputs_embeds,
-            attention_mask=attention_mask,
-            **{MASK_CACHE_ARGUMENT: self_cache},
+        key_positions, offsets = self.shifted_positions(
+            key_positions, batch_size, past_key_values
+        )  # (B|1, k)
+        causal_mask, cross_mask = self.decoder_masks(
+            inputs_embeds, attention_mask, encoder_hidden_states, encoder_attention_mask, past_key_values
         )
-        cross_mask = create_bidirectional_mask(
-            config=self.config,
-            inputs_embeds=inputs_embeds,
-            attention_mask=encoder_attention_mask,
-            encoder_hidden_states=encoder_hidden_states,
+        self_context, cross_context = self.decoder_contexts(
+            key_positions, past_length, offsets is not None, encoder_hidden_states, encoder_attention_mask
         )
-
-        # Host-side spans from the cache length (and SHAPE's largest shift): no position tensor is read back
-        # during decoding. Padded source positions are bounded by the source length. Cross-attention sees the
-        # source positions unshifted: the encoder's SHAPE offsets are its own (drawn independently).
-        last = past_length + query_length - 1 + (self.config.shape_max_shift if offsets is not None else 0)
-        query_span, source_span = (past_length, last), (0, encoder_hidden_states.shape[1] - 1)
-        self_context = PositionContext(
-            self.position_encoding, query_positions, key_positions, query_span, (0, last)
-        )
-        cross_context = PositionContext(None, query_positions, source_positions, query_span, source_span)
         if sentences is not None:  # self-attention and embeddings; cross-attention keeps the order
             self_context = self.sentence_context(sentences, offsets, self_context)
             cross_mask = self.sentence_cross_mask(
                 cross_mask, sentences, encoder_sentence_indices, cross_context, inputs_embeds.dtype
             )
-        randomized = self.randomized_positions(key_positions, batch_size, past_length)
-        if randomized is not None:  # embeddings and self-attention; cross-attention keeps plain positions
-            span = (0, self.config.randomized_positions_max - 1)
-            self_context = PositionContext(self.position_encoding, randomized, randomized, span, span)
+        self_context = self.randomized_context(self_context, key_positions, batch_size, past_length)
         score_mask = stack_score_mask(self.position_encoding, causal_mask, self_context, is_causal=True)
         hidden_states = self.position_encoding.embed(inputs_embeds, self_context, None, past_key_values)
         hidden_states = self.embed_sentences(hidden_states, sentences, past_length + query_length - 1)
@@ -661,6 +700,22 @@ class MarianPosEncModel(MarianPosEncPreTrainedModel):
             encoder_hidden_states=encoder_outputs.hidden_states,
             encoder_attentions=encoder_outputs.attentions,
         )
+
+
+def token_loss(logits, labels, num_items_in_batch=None):
+    """The summed token cross-entropy (labels -100 ignored) over `num_items_in_batch` when the Trainer passes it
+    (the label tokens of the whole batch, all accumulation steps and processes), else over this batch's."""
+    loss = nn.functional.cross_entropy(
+        logits.float().view(-1, logits.shape[-1]),  # (B·T, V)
+        labels.reshape(-1),
+        ignore_index=-100,
+        reduction="sum",
+    )
+    tokens = (labels != -100).sum()
+    if num_items_in_batch is None:
+        return loss / tokens
+    check_num_items_in_batch(num_items_in_batch, tokens)
+    return loss / num_items_in_batch
 
 
 class MarianPosEncForConditionalGeneration(MarianPosEncPreTrainedModel, GenerationMixin):
@@ -830,23 +885,8 @@ class MarianPosEncForConditionalGeneration(MarianPosEncPreTrainedModel, Generati
         )
         logits = self.lm_head(outputs.last_hidden_state) + self.final_logits_bias  # (B, T, V)
 
-        loss = None
-        if labels is not None:
-            loss = nn.functional.cross_entropy(
-                logits.float().view(-1, logits.shape[-1]),
-                labels.reshape(-1),
-                ignore_index=-100,
-                reduction="sum",
-            )
-            tokens = (labels != -100).sum()
-            if num_items_in_batch is None:
-                loss = loss / tokens
-            else:
-                check_num_items_in_batch(num_items_in_batch, tokens)
-                loss = loss / num_items_in_batch
-
         return Seq2SeqLMOutput(
-            loss=loss,
+            loss=None if labels is None else token_loss(logits, labels, num_items_in_batch),
             logits=logits,
             **{OUTPUT_CACHE_FIELD: getattr(outputs, OUTPUT_CACHE_FIELD)},
             decoder_hidden_states=outputs.decoder_hidden_states,
