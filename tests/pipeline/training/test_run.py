@@ -282,6 +282,10 @@ def test_train_short_keeps_only_short_pairs_and_concatenation_joins_them_afterwa
     assert len(fours.train) == (len(short.train) + 3) // 4
 
 
+# Two fixed-schedule updates, no averaging: enough to write a run folder whose settings a test reads.
+TWO_UPDATES = ["--max_steps", "2", "--minutes", "0", "--schedule", "fixed", "--average_last", "0"]
+
+
 def test_sentence_positions_take_the_tokenizers_sentence_ends_into_the_saved_config(tmp_path, tiny_run_flags):
     """`--sentence_positions`: the model's config gets the BPE's sentence-end tokens (docs/length.md), the run
     trains, and the saved folder loads with them; without the flag the config has none."""
@@ -289,17 +293,7 @@ def test_sentence_positions_take_the_tokenizers_sentence_ends_into_the_saved_con
 
     from hf_posenc.generation_length import sentence_end_token_ids
 
-    flags = [
-        *tiny_run_flags(),
-        "--max_steps",
-        "2",
-        "--minutes",
-        "0",
-        "--schedule",
-        "fixed",
-        "--average_last",
-        "0",
-    ]
+    flags = [*tiny_run_flags(), *TWO_UPDATES]
     run.main([*flags, "--sentence_positions", "true", "--output_dir", str(tmp_path / "sentences")])
     config = AutoConfig.from_pretrained(tmp_path / "sentences")
     ends = sentence_end_token_ids(AutoTokenizer.from_pretrained(tmp_path / "sentences"))
@@ -315,17 +309,7 @@ def test_length_control_saves_the_training_ratio_and_the_sentence_count_in_the_g
     the run's training examples; without it nothing is on."""
     from transformers import GenerationConfig
 
-    flags = [
-        *tiny_run_flags(),
-        "--max_steps",
-        "2",
-        "--minutes",
-        "0",
-        "--schedule",
-        "fixed",
-        "--average_last",
-        "0",
-    ]
+    flags = [*tiny_run_flags(), *TWO_UPDATES]
     run.main([*flags, "--length_control", "true", "--output_dir", str(tmp_path / "controlled")])
     saved = GenerationConfig.from_pretrained(tmp_path / "controlled")
     assert 0 < saved.min_length_ratio < 1.5 and saved.match_source_sentence_count is True
