@@ -386,6 +386,11 @@ def cache_write_error(cache: Path, error: OSError) -> ValueError:
     )
 
 
+def cache_of(entry: Path) -> Path:
+    """The cache folder an entry (`<cache>/<stage>/<entry>`) lies in."""
+    return Path(*entry.parts[:-2])
+
+
 def write_entry(folder: Path, key: dict, build: Callable[[Path], dict]) -> dict:
     """A cache entry: `build(staging)` writes its files into a staging folder beside `folder` and returns what
     the manifest records; the folder is renamed into place only once complete."""
@@ -395,7 +400,7 @@ def write_entry(folder: Path, key: dict, build: Callable[[Path], dict]) -> dict:
             shutil.rmtree(folder)
         staging = Path(tempfile.mkdtemp(dir=folder.parent, prefix=f".{folder.name}-"))
     except OSError as error:
-        raise cache_write_error(folder.parents[1], error) from None
+        raise cache_write_error(cache_of(folder), error) from None
     try:
         manifest = {"key": key, **build(staging)}
         (staging / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
@@ -403,7 +408,7 @@ def write_entry(folder: Path, key: dict, build: Callable[[Path], dict]) -> dict:
     except BaseException as error:
         shutil.rmtree(staging, ignore_errors=True)
         if isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EDQUOT):
-            raise cache_write_error(folder.parents[1], error) from None
+            raise cache_write_error(cache_of(folder), error) from None
         raise
     return manifest
 
