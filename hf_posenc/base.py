@@ -44,6 +44,11 @@ CROSS_ATTENTION = "cross_attention"
 ATTENTION_SITES = (ENCODER_SELF_ATTENTION, DECODER_SELF_ATTENTION, CROSS_ATTENTION)
 
 
+def is_number(value) -> bool:
+    """An int or float that is not a bool (a config or generation setting read from JSON)."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
 def positions_from_padding_mask(attention_mask: torch.Tensor | None, length: int, device) -> torch.Tensor:
     """Position of every token counted from the first real token of its own sequence.
 

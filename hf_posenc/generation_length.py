@@ -37,6 +37,8 @@ from dataclasses import dataclass
 import torch
 from transformers import LogitsProcessor, LogitsProcessorList
 
+from .base import is_number
+
 MIN_LENGTH_RATIO = "min_length_ratio"
 WORD_REWARD = "word_reward"
 MATCH_SOURCE_SENTENCE_COUNT = "match_source_sentence_count"
@@ -95,10 +97,6 @@ def measure_min_length_ratio(
 
 def key_error(key: str, value, allowed: str) -> ValueError:
     return ValueError(f"generation config {key}={value!r} is not allowed: {allowed}")
-
-
-def is_number(value) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 def checked_sentence_end_ids(ids, model_config) -> tuple[int, ...] | None:

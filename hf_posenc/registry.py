@@ -20,10 +20,10 @@ from .posenc_recurrent import MPRHeadPositionEncoding, RPEHeadPositionEncoding
 from .posenc_relative import (
     AdaptiveT5PositionEncoding,
     AlibiPositionEncoding,
-    RotaryPositionEncoding,
     ShawRelativePositionEncoding,
     T5BiasPositionEncoding,
 )
+from .posenc_rotary import RotaryPositionEncoding
 
 POSITION_ENCODINGS = {
     "none": NoPositionEncoding,
