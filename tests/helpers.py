@@ -3,6 +3,7 @@ module is imported (parametrize tables, paths of module-level settings) and pure
 Imported as `tests.helpers` (pytest's `pythonpath` puts the repository root on the path); everything a test
 uses as an object (models, configs, batches, tokenizers, folders, flags) is a fixture in a conftest.py."""
 
+import sys
 from pathlib import Path
 
 import torch
@@ -73,3 +74,23 @@ def command_line(flags: str, paths: dict, model, *fixed) -> list:
 def snapshot(folder) -> dict:
     """Every file under `folder` with its bytes: a refused run must leave them all as they were."""
     return {str(path.relative_to(folder)): path.read_bytes() for path in folder.rglob("*") if path.is_file()}
+
+
+def record_host_reads_from(package_dir: Path, monkeypatch) -> list[str]:
+    """Every read of a tensor's values into Python (int(), bool(), .item(), .tolist(), torch.equal) made by
+    code under `package_dir`: on a GPU each one waits for the device (a sync)."""
+    reads = []
+
+    def recorded(name, original):
+        def read(*args, **kwargs):
+            caller = sys._getframe(1).f_code
+            if Path(caller.co_filename).is_relative_to(package_dir):
+                reads.append(f"{name} in {caller.co_name}")
+            return original(*args, **kwargs)
+
+        return read
+
+    for name in ("__int__", "__bool__", "__index__", "item", "tolist"):
+        monkeypatch.setattr(torch.Tensor, name, recorded(name, getattr(torch.Tensor, name)))
+    monkeypatch.setattr(torch, "equal", recorded("equal", torch.equal))
+    return reads

@@ -19,7 +19,7 @@ from hf_posenc import (
 )
 from hf_posenc.base import DECODER_SELF_ATTENTION
 from hf_posenc.posenc_absolute import marian_sinusoid_table
-from tests.helpers import PAD, TINY_FIELDS, VOCAB
+from tests.helpers import PAD, TINY_FIELDS, VOCAB, record_host_reads_from
 
 
 def stock_marian(seed=0):
@@ -180,26 +180,6 @@ NO_POSITION_READS = [{"position_encoding": name} for name in POSITION_ENCODINGS]
     for name, mixer in TOKEN_MIXERS.items()
     if DECODER_SELF_ATTENTION in mixer.allowed_sites
 ]
-
-
-def record_host_reads_from(package_dir: Path, monkeypatch) -> list[str]:
-    """Every read of a tensor's values into Python (int(), bool(), .item(), .tolist(), torch.equal) made by
-    code under `package_dir`: on a GPU each one waits for the device (a sync)."""
-    reads = []
-
-    def recorded(name, original):
-        def read(*args, **kwargs):
-            caller = sys._getframe(1).f_code
-            if Path(caller.co_filename).is_relative_to(package_dir):
-                reads.append(f"{name} in {caller.co_name}")
-            return original(*args, **kwargs)
-
-        return read
-
-    for name in ("__int__", "__bool__", "__index__", "item", "tolist"):
-        monkeypatch.setattr(torch.Tensor, name, recorded(name, getattr(torch.Tensor, name)))
-    monkeypatch.setattr(torch, "equal", recorded("equal", torch.equal))
-    return reads
 
 
 @pytest.mark.parametrize("overrides", NO_POSITION_READS, ids=lambda overrides: "-".join(overrides.values()))

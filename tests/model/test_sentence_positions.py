@@ -15,7 +15,7 @@ import hf_posenc
 from hf_posenc import POSITION_ENCODINGS, MarianPosEncForConditionalGeneration
 from hf_posenc.base import PositionLimitError
 from hf_posenc.sentence_positions import SentenceBoundaries
-from tests.helpers import EOS, PAD, decode_with_cache
+from tests.helpers import EOS, PAD, decode_with_cache, record_host_reads_from
 
 ENDS = [5, 11, 17, 23, 29]
 SENTENCES = {"sentence_end_token_ids": ENDS}
@@ -355,25 +355,6 @@ def test_inputs_embeds_are_refused_since_sentence_ends_are_found_in_token_ids(ti
         model(inputs_embeds=model.get_input_embeddings()(src), attention_mask=mask, decoder_input_ids=tgt)
 
 
-def record_host_reads(monkeypatch) -> list[str]:
-    """Every read of a tensor's values into Python made by hf_posenc's code (on a GPU each waits for the device)."""
-    package, reads = Path(hf_posenc.__file__).parent, []
-
-    def recorded(name, original):
-        def read(*args, **kwargs):
-            caller = sys._getframe(1).f_code
-            if Path(caller.co_filename).is_relative_to(package):
-                reads.append(f"{name} in {caller.co_name}")
-            return original(*args, **kwargs)
-
-        return read
-
-    for name in ("__int__", "__bool__", "__index__", "item", "tolist"):
-        monkeypatch.setattr(torch.Tensor, name, recorded(name, getattr(torch.Tensor, name)))
-    monkeypatch.setattr(torch, "equal", recorded("equal", torch.equal))
-    return reads
-
-
 def test_decoding_steps_read_nothing_back_from_the_device(monkeypatch, tiny_model, sentence_batch):
     """The sentence state lives in the cache on the device: a decoding step reads no tensor into Python while the
     target is shorter than the sentence table."""
@@ -381,7 +362,7 @@ def test_decoding_steps_read_nothing_back_from_the_device(monkeypatch, tiny_mode
     src, mask, _ = sentence_batch
     with torch.no_grad():
         encoder_outputs = model.get_encoder()(input_ids=src, attention_mask=mask)
-        reads = record_host_reads(monkeypatch)
+        reads = record_host_reads_from(Path(hf_posenc.__file__).parent, monkeypatch)
         tokens, cache = torch.zeros(src.shape[0], 1, dtype=torch.long), None
         for _ in range(6):
             out = model(
