@@ -245,8 +245,15 @@ def execute_decoding(run: Run, args) -> str:
     """Measure a decode-time row on the trained model of the row it decodes, once that model exists."""
     trained = trained_run(run)
     models = trained.folder(args.models_dir)
-    if not (models / "config.json").is_file() or not done(trained, args):
+    if not done(trained, args):
         return f"{run.label()}: not started: {trained.label()} is not trained yet (run the command again after it)"
+    if not (models / "config.json").is_file():
+        return (
+            f"{run.label()}: not started: {trained.label()} is recorded as finished but its model folder {models} "
+            f"is gone (models are not tracked): train it again into --models_dir with its results written "
+            f"elsewhere (--systems {trained.system} --seeds {trained.seed} --results_dir SCRATCH), then run this "
+            f"command again"
+        )
     started = time.monotonic()
     measure(run, models, run.folder(args.results_dir), args)
     bleu = json.loads((run.folder(args.results_dir) / "scores.json").read_text())["bleu"]

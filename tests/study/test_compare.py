@@ -525,6 +525,10 @@ def test_a_decode_time_row_measures_the_trained_rows_model_its_own_way(tmp_path,
     assert "not started: sinusoidal seed 1 en-de is not trained yet" in runs.execute(decode_run, args)
     cli.main([*flags, "--systems", "sinusoidal"])
     assert "(decoding only)" in runs.execute(decode_run, args)
+    model_folder = tmp_path / "models" / "multi30k-en-de-tiny" / "en-de" / "sinusoidal" / "seed1"
+    (model_folder / "config.json").rename(model_folder / "config.json.away")
+    assert "recorded as finished but its model folder" in runs.execute(decode_run, args)
+    (model_folder / "config.json.away").rename(model_folder / "config.json")
     root = tmp_path / "results" / "multi30k-en-de-tiny" / "en-de"
     trained = json.loads((root / "sinusoidal" / "seed1" / "scores.json").read_text())
     decoded = json.loads((root / system.name / "seed1" / "scores.json").read_text())
