@@ -82,20 +82,21 @@ LENGTH_CONTROL = {"min_length_ratio": TRAINING_RATIO, "match_source_sentence_cou
 
 
 def length_option_rows(base: str) -> dict[str, Row]:
-    """The length options on `base`+concat4: one row each (name suffix -> row)."""
+    """The length options on `base`+concat4: one row each (name suffix -> row), and the combination of the
+    training-time option that addresses where a translation is (sentence-aware positions) with the decode-time one
+    that addresses when it stops (length control)."""
     positions = {**EXTRAPOLATION_POSITIONS}
     sites = ["encoder_self_attention", "decoder_self_attention", "cross_attention"]
+    sentences = {**positions, "sentence_cross_attention_bias": True}, {**CONCAT4, "sentence_positions": True}
     return {
         "+randomized": Row(base, {**positions, "randomized_positions_max": 512}, CONCAT4, EXTRAPOLATION_K),
         "+log-length": Row(base, {**positions, "log_length_scaling": sites}, CONCAT4, EXTRAPOLATION_K),
-        "+sentences": Row(
-            base,
-            {**positions, "sentence_cross_attention_bias": True},
-            {**CONCAT4, "sentence_positions": True},
-            EXTRAPOLATION_K,
-        ),
+        "+sentences": Row(base, *sentences, EXTRAPOLATION_K),
         "+length-control": Row(
             base, positions, CONCAT4, EXTRAPOLATION_K, Decoding(f"{base}+concat4", generate=LENGTH_CONTROL)
+        ),
+        "+sentences+length-control": Row(
+            base, *sentences, EXTRAPOLATION_K, Decoding(f"{base}+concat4+sentences", generate=LENGTH_CONTROL)
         ),
     }
 
