@@ -1,8 +1,18 @@
 """`train.py --model_name_or_path`: a run starts from an existing model. A stock MarianMTModel, trained briefly on
 the shipped Multi30k through train.py itself (so it is a real pretrained model with a real tokenizer), becomes a
 MarianPosEnc model with bit-identical outputs; fine-tuning it (sinusoids kept, or swapped for another encoding)
-keeps its tokenizer, saves a folder that reloads, and raises BLEU on the fine-tuning data; a MarianPosEnc folder
-keeps its config; settings that would fight the loaded model are refused by name."""
+keeps its tokenizer, saves a folder that reloads, and raises BLEU on held-out sentences; a MarianPosEnc folder
+keeps its config; settings that would fight the loaded model are refused by name.
+
+What the BLEU checks measure: both the pretrained model and the fine-tuned one translate the first 200 sentences
+of Multi30k's test split (test_2016_flickr), which neither the pretraining (the first 800 training pairs) nor the
+fine-tuning (training pairs 5000-7999) saw, and are scored with score_translations; the fine-tuned model must
+gain more than 4 BLEU and 8 chrF++ over the pretrained one, and win sacreBLEU's paired bootstrap at p < 0.05.
+Measured (AMD EPYC, torch CPU capability AVX512, one thread; BLEU before -> after 500 updates, with seeds 42 (the
+default, which the test runs), 1 and 2 for both runs): sinusoids kept 2.43 -> 9.69, 1.73 -> 9.38, 1.70 -> 9.98;
+swapped to t5_bias 2.43 -> 8.24, 1.73 -> 7.00, 1.70 -> 9.48 (chrF++ +12.8 to +18.4); bootstrap p = 0.001 in all
+six. The file runs in about 75 s on two cores shared with two other trainings, so it is not marked slow and stays
+in the suite CI runs."""
 
 import gzip
 import json
@@ -15,7 +25,7 @@ from transformers import AutoModelForSeq2SeqLM, AutoTokenizer, MarianMTModel
 
 from hf_posenc import MarianPosEncForConditionalGeneration
 from hf_posenc.pipeline.evaluation.decoding import translate
-from hf_posenc.pipeline.evaluation.scoring import score_translations
+from hf_posenc.pipeline.evaluation.scoring import paired_bootstrap, score_translations
 from hf_posenc.pipeline.training import arguments, run
 from hf_posenc.pipeline.training.pretrained import check_tokenizer, load_pretrained
 from hf_posenc.pipeline.training.resume import run_settings
@@ -23,11 +33,14 @@ from hf_posenc.pipeline.training.resume import run_settings
 MACHINE = ["--precision", "fp32", "--attention_backend", "eager", "--threads", "1", "--cpu_memory", "release"]
 QUIET = ["--examples", "0", "--fail_on_degenerate", "false", "--disable_tqdm", "true"]
 # The fine-tuning data: Multi30k training pairs that the pretrained model never saw (it trains on the first
-# PRETRAINING_PAIRS); its test subset is the first TEST_PAIRS of them. At this size (a 0.2M-parameter model, a few
-# hundred updates) BLEU on held-out text stays near 1 and moves by noise, so the test subset is part of the
-# fine-tuning data: the property is that fine-tuning the loaded model fits the new data, not generalisation.
-PRETRAINING_PAIRS, FINE_TUNING = 800, slice(5000, 5300)  # 300 updates fit the fine-tuning pairs
-TEST_PAIRS = 40
+# PRETRAINING_PAIRS); the test set: the first TEST_PAIRS sentences of the test split, which neither run trains on.
+# 150 pretraining updates leave the model weak (about 2 BLEU there); UPDATES fine-tuning updates on 3,000 new pairs
+# raise it by 5 to 8 BLEU (the measured figures are in the module docstring; 300 updates gained only 1.6).
+PRETRAINING_PAIRS, FINE_TUNING = 800, slice(5000, 8000)
+HELD_OUT_SPLIT, TEST_PAIRS = "test_2016_flickr", 200
+UPDATES = 500
+# The smallest gain the checks accept: the six measured runs gained 5.3 to 8.3 BLEU and 12.8 to 18.4 chrF++.
+BLEU_GAIN, CHRF_GAIN = 4, 8
 
 
 def common_flags(cache) -> list[str]:
@@ -80,15 +93,19 @@ def pretrained(multi30k_dir, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def fine_tuning_data(multi30k_dir, tmp_path_factory):
-    """Training and test files of the fine-tuning data (see FINE_TUNING), as a user's own corpus would come."""
+    """The fine-tuning data's training files (FINE_TUNING) and held-out test files (the first TEST_PAIRS of
+    HELD_OUT_SPLIT), as a user's own corpus would come."""
     folder = tmp_path_factory.mktemp("fine-tuning-data")
     files = {}
-    for lang in ("en", "de"):
-        with gzip.open(multi30k_dir / f"train.{lang}.gz", "rt", encoding="utf-8") as text:
-            lines = [line.rstrip("\n") for line in islice(text, FINE_TUNING.start, FINE_TUNING.stop)]
-        for split, chosen in (("train", lines), ("test", lines[:TEST_PAIRS])):
+    for split, (name, start, stop) in {
+        "train": ("train", FINE_TUNING.start, FINE_TUNING.stop),
+        "test": (HELD_OUT_SPLIT, 0, TEST_PAIRS),
+    }.items():
+        for lang in ("en", "de"):
+            with gzip.open(multi30k_dir / f"{name}.{lang}.gz", "rt", encoding="utf-8") as text:
+                lines = [line.rstrip("\n") for line in islice(text, start, stop)]
             files[f"{split}_{lang}"] = folder / f"{split}.{lang}"
-            files[f"{split}_{lang}"].write_text("\n".join(chosen) + "\n", encoding="utf-8")
+            files[f"{split}_{lang}"].write_text("\n".join(lines) + "\n", encoding="utf-8")
     return files
 
 
@@ -96,10 +113,10 @@ SCHEDULE = ["--learning_rate", "0.003", "--lr_scheduler_type", "constant_with_wa
 
 
 def fine_tuning_flags(pretrained, data, output) -> list[str]:
-    """train.py from the pretrained folder on the fine-tuning files: 300 updates at a constant learning rate."""
+    """train.py from the pretrained folder on the fine-tuning files: UPDATES updates at a constant learning rate."""
     files = ["--train_source", data["train_en"], "--train_target", data["train_de"]]
     files += ["--test_source", data["test_en"], "--test_target", data["test_de"]]
-    budget = ["--max_steps", "300", "--max_tokens", "800", "--output_dir", output]
+    budget = ["--max_steps", UPDATES, "--max_tokens", "800", "--output_dir", output]
     start = ["--model_name_or_path", pretrained]
     argv = [*common_flags(output.parent / "cache"), *start, *files, *SCHEDULE, *budget]
     return [str(arg) for arg in argv]
@@ -108,17 +125,32 @@ def fine_tuning_flags(pretrained, data, output) -> list[str]:
 def fine_tune(pretrained, data, output, *flags) -> dict:
     """A fine-tuning run; its scores.json as written."""
     scores = run.main([*fine_tuning_flags(pretrained, data, output), *flags])
-    assert scores["test_pairs"] == TEST_PAIRS and scores["steps"] == 300
+    assert scores["test_pairs"] == TEST_PAIRS and scores["steps"] == UPDATES
     return json.loads((output / "scores.json").read_text())
 
 
-def starting_scores(pretrained, data) -> dict:
-    """The pretrained stock model's scores on the fine-tuning data's test subset, decoded as the run decodes."""
+@pytest.fixture(scope="module")
+def starting_point(pretrained, fine_tuning_data) -> dict:
+    """The pretrained stock model's translations of the held-out test files, decoded as the run decodes, and
+    their scores."""
     model = MarianMTModel.from_pretrained(pretrained).eval()
-    sources = data["test_en"].read_text(encoding="utf-8").splitlines()
-    references = data["test_de"].read_text(encoding="utf-8").splitlines()
+    sources = fine_tuning_data["test_en"].read_text(encoding="utf-8").splitlines()
     hypotheses = translate(model, AutoTokenizer.from_pretrained(pretrained), sources, progress_bar=False)
-    return score_translations(hypotheses, references)
+    return {"hypotheses": hypotheses, **score_translations(hypotheses, references(fine_tuning_data))}
+
+
+def references(data) -> list[str]:
+    return data["test_de"].read_text(encoding="utf-8").splitlines()
+
+
+def assert_held_out_gain(start: dict, scores: dict, output, data) -> None:
+    """The fine-tuned run's test scores beat the pretrained model's by BLEU_GAIN and CHRF_GAIN, and its
+    translations (test.hyp.de) win the paired bootstrap against the pretrained model's at p < 0.05."""
+    assert scores["bleu"] > start["bleu"] + BLEU_GAIN, (start["bleu"], scores["bleu"])
+    assert scores["chrf++"] > start["chrf++"] + CHRF_GAIN, (start["chrf++"], scores["chrf++"])
+    hypotheses = (output / "test.hyp.de").read_text(encoding="utf-8").splitlines()
+    bootstrap = paired_bootstrap(start["hypotheses"], hypotheses, references(data))
+    assert bootstrap["bleu"]["significance"] == "**", bootstrap["bleu"]
 
 
 def test_a_stock_marian_folder_becomes_marian_posenc_with_bit_identical_outputs(pretrained):
@@ -180,10 +212,9 @@ def test_the_build_stage_hands_the_pretrained_weights_and_tokenizer_to_training(
         assert torch.equal(tensor, stock[name]), name
 
 
-def test_fine_tuning_a_stock_marian_model_keeps_its_tokenizer_and_raises_bleu(
-    pretrained, fine_tuning_data, tmp_path
+def test_fine_tuning_a_stock_marian_model_keeps_its_tokenizer_and_raises_held_out_bleu(
+    pretrained, fine_tuning_data, starting_point, tmp_path
 ):
-    start = starting_scores(pretrained, fine_tuning_data)
     output = tmp_path / "sinusoidal"
     scores = fine_tune(pretrained, fine_tuning_data, output)
     config = json.loads((output / "config.json").read_text())
@@ -197,14 +228,12 @@ def test_fine_tuning_a_stock_marian_model_keeps_its_tokenizer_and_raises_bleu(
     # no BPE learned: the model's own tokenizer, saved unchanged with the fine-tuned model
     assert scores["data"]["cache"]["tokenizer"] == "given" and scores["data"]["tokenizer"] == pretrained.name
     assert (output / "tokenizer.json").read_text() == (pretrained / "tokenizer.json").read_text()
-    assert scores["bleu"] > start["bleu"] + 5, (start, scores)
-    assert scores["chrf++"] > start["chrf++"] + 5, (start, scores)
+    assert_held_out_gain(starting_point, scores, output, fine_tuning_data)
 
 
-def test_fine_tuning_with_another_encoding_saves_a_model_that_reloads_and_raises_bleu(
-    pretrained, fine_tuning_data, tmp_path
+def test_fine_tuning_with_another_encoding_saves_a_model_that_reloads_and_raises_held_out_bleu(
+    pretrained, fine_tuning_data, starting_point, tmp_path
 ):
-    start = starting_scores(pretrained, fine_tuning_data)
     output = tmp_path / "t5-bias"
     scores = fine_tune(pretrained, fine_tuning_data, output, "--position_encoding", "t5_bias")
     reloaded = AutoModelForSeq2SeqLM.from_pretrained(output).eval()
@@ -213,7 +242,7 @@ def test_fine_tuning_with_another_encoding_saves_a_model_that_reloads_and_raises
     sources = fine_tuning_data["test_en"].read_text(encoding="utf-8").splitlines()
     hypotheses = translate(reloaded, AutoTokenizer.from_pretrained(output), sources, progress_bar=False)
     assert hypotheses == (output / "test.hyp.de").read_text(encoding="utf-8").splitlines()  # what was scored
-    assert scores["bleu"] > start["bleu"] + 5, (start, scores)
+    assert_held_out_gain(starting_point, scores, output, fine_tuning_data)
 
 
 def test_a_marian_posenc_folder_keeps_its_config_and_a_module_flag_swaps_only_that_module(
