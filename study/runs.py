@@ -38,7 +38,7 @@ from hf_posenc.pipeline.training.arguments import ARGUMENT_CLASSES, load_recipe
 from hf_posenc.pipeline.training.arguments import parse_args as parse_train_args
 from hf_posenc.pipeline.training.hardware import choose_precision
 
-from .tables import DECODING, SYSTEMS, TABLES, TRAINING_RATIO, length_k
+from .tables import DECODING, SYSTEMS, TABLES, TRAINING_RATIO, length_k, training_flags
 
 logger = logging.getLogger(__name__)
 LOG_FORMAT = "%(asctime)s %(name)s: %(message)s"
@@ -100,16 +100,11 @@ def train_arguments(run: Run, args) -> list[str]:
     """train.py's arguments for a run that decide its results (output folder, threads and precision are added
     by `execute`: a run's precision is recorded in its scores, and runs of earlier machines are kept)."""
     system = SYSTEMS[run.system]
-    training = [
-        argument
-        for name, value in system.training.items()
-        for argument in (f"--{name}", *map(str, value if isinstance(value, list | tuple) else [value]))
-    ]
     budget = ["--max_steps", str(args.max_steps)] if args.max_steps else []
     budget += ["--test_limit", str(args.test_limit)] if args.test_limit else []
     pair = ["--source_lang", run.source_lang, "--target_lang", run.target_lang]
     quiet = ["--examples", "0", "--fail_on_degenerate", "false"]  # the report judges degenerate output
-    model = ["--config_overrides", json.dumps(system.overrides), *training]
+    model = ["--config_overrides", json.dumps(system.overrides), *training_flags(system)]
     return [
         "--recipe",
         run.recipe,

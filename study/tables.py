@@ -256,7 +256,18 @@ def length_k(system: str) -> list[int]:
     return list(next(rows, Row()).length_k)
 
 
+def training_flags(system: System) -> list[str]:
+    """train.py's flags for a system's training options (`--sentence_positions true`, ...)."""
+    return [
+        argument
+        for name, value in system.training.items()
+        for argument in (f"--{name}", *map(str, value if isinstance(value, list | tuple) else [value]))
+    ]
+
+
 def row_config(system: System, recipe: str) -> MarianPosEncConfig:
-    """The config train.py builds for the system under `recipe`."""
-    arguments = parse_train_args(["--recipe", recipe, "--config_overrides", json.dumps(system.overrides)])
+    """The config train.py builds for the system under `recipe` (with the stand-in sentence-end id of train.py's
+    settings check where the system has sentence-aware positions: the tokenizer's is not known here)."""
+    overrides = ["--config_overrides", json.dumps(system.overrides)]
+    arguments = parse_train_args(["--recipe", recipe, *overrides, *training_flags(system)])
     return model_config(arguments, vocab_size=arguments.data.vocab_size, pad=0, eos=1)

@@ -141,3 +141,11 @@ def test_extrapolation_rows_train_on_joined_pairs_and_measure_to_k16():
     # every row's model takes a k = 16 input (at most 283 source tokens on the test set) and its decoding margin
     for system in rows:
         assert tables.row_config(system, args.recipe).max_position_embeddings >= 283 + 50, system.name
+
+
+def test_every_row_has_the_config_train_py_builds_for_it():
+    """The report reads every row's config (its paper deviations): a row with a training option that the config
+    needs (sentence-aware positions: `--sentence_positions` gives the sentence-end ids) builds as train.py builds it."""
+    for name, system in tables.SYSTEMS.items():
+        config = tables.row_config(system, "multi30k-en-de-compare")
+        assert bool(config.sentence_end_token_ids) == bool(system.training.get("sentence_positions")), name
