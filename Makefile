@@ -29,7 +29,9 @@ $(VENV)/.installed: pyproject.toml
 # transformers' own common model tests (ModelTesterMixin, tests/test_modeling_common.py) ship in its source
 # distribution, not in the wheel: fetch the sdist of the installed version from PyPI and keep its tests/
 # (tests/model/test_transformers_model_tests.py runs them against our models), plus what those files import. The
-# sdist lacks tests/generation/ (GenerationTesterMixin), so those tests are skipped by name (docs/architecture.md).
+# sdist lacks tests/generation/ (GenerationTesterMixin): its tests run where the environment variable
+# HF_POSENC_TRANSFORMERS_GENERATION_TESTS names the tests/ folder of a transformers source checkout, and are skipped
+# by name without it (docs/architecture.md).
 TRANSFORMERS_SRC := .transformers-src
 $(TRANSFORMERS_SRC)/.unpacked: $(VENV)/.installed
 	rm -rf $(TRANSFORMERS_SRC) && mkdir -p $(TRANSFORMERS_SRC)

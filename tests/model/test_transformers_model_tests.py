@@ -10,33 +10,41 @@ rPosNet: one test class each).
 
 The sdist ships only the top-level files of transformers' tests/ folder: tests/test_modeling_common.py and its
 siblings, not the sub-folders they import from (generation/test_utils.py with `GenerationTesterMixin`,
-exporters/test_export.py, models/marian/). `import_upstream_tests` stands empty mixins in for those two
-modules, so `GenerationTesterMixin`'s tests and the export tests do not run from the sdist; Marian's own
-tester is rebuilt here (`MarianPosEncModelTester`). Where a full checkout of the same tag's tests/ is unpacked
-into .transformers-src/tests, the real mixins are imported and run, with greedy generation defaults set by the
-tester (`setUp`; the saved defaults are paper 1's beam 4). Generation is tested by tests/model/test_conformance.py
-and tests/model/test_generation.py either way (cached and uncached greedy and beam search agree, per-step scores;
-assisted decoding).
+exporters/test_export.py, models/marian/). Marian's own tester is rebuilt here (`MarianPosEncModelTester`); the
+export tests do not run (`ExportTesterMixin`, `ExportGenerateTesterMixin` are empty stand-ins).
+`GenerationTesterMixin`'s tests run where `HF_POSENC_TRANSFORMERS_GENERATION_TESTS` names the tests/ folder of a
+transformers source checkout (its generation/test_utils.py, of a commit close to the installed version); without
+it the mixin is an empty stand-in and `test_generation_tester_mixin_inheritance` is skipped with a reason that
+names the variable. The tester sets greedy generation defaults on the models it builds (`setUp`):
+transformers' generation tests take a model's defaults to be those of a generation config built from its model
+config, as `MarianMTModel`'s are, and ours are paper 1's beam 4, length penalty 0.6 and source length + 50 new
+tokens. The generation tests our models skip and stock Marian runs are in the table named below. Generation is also tested by tests/model/test_conformance.py and
+tests/model/test_generation.py, which need no checkout (cached and uncached greedy and beam search agree,
+per-step scores; assisted decoding).
 
 Deliberate differences from stock Marian are named skips with their reasons: those of every configuration in
 `DOCUMENTED_DIFFERENCES`, those of one configuration in its `CONFIGS` entry. Every difference that remains,
 skipped here or not, is in the one table of docs/architecture.md, "Differences from stock Marian".
 """
 
+import functools
 import importlib
+import os
 import sys
 import types
 import unittest
 import unittest.mock
 import warnings
+from pathlib import Path
 
 import pytest
+from transformers import GenerationConfig
+from transformers.generation.configuration_utils import GenerationMode
 
 from hf_posenc import (
     MarianPosEncConfig,
     MarianPosEncForConditionalGeneration,
     MarianPosEncModel,
-    modeling_marian_posenc,
 )
 from tests.helpers import REPO
 
@@ -50,39 +58,76 @@ if not (UPSTREAM_TESTS / "test_modeling_common.py").is_file():
     )
 
 
-def import_upstream_tests():
-    """Import the sdist's tests/ as a package. The sdist ships only the top-level test files: the modules they
-    import from sub-folders it does not ship (generation/test_utils.py, exporters/test_export.py) become empty
-    mixins, unless a full checkout of the same tag was unpacked there."""
+GENERATION_TESTS_VARIABLE = "HF_POSENC_TRANSFORMERS_GENERATION_TESTS"
+
+
+def generation_tests_folder() -> Path | None:
+    """The transformers checkout's tests/ folder that `HF_POSENC_TRANSFORMERS_GENERATION_TESTS` names, or None
+    where it is unset; a folder without generation/test_utils.py is an error that names the variable."""
+    folder = os.environ.get(GENERATION_TESTS_VARIABLE)
+    if not folder:
+        return None
+    if not (Path(folder) / "generation" / "test_utils.py").is_file():
+        raise FileNotFoundError(
+            f"{GENERATION_TESTS_VARIABLE}={folder} has no generation/test_utils.py: name the tests/ folder of a "
+            "transformers source checkout, or unset the variable to skip GenerationTesterMixin's tests"
+        )
+    return Path(folder)
+
+
+def stand_in(name: str, *mixins: str) -> types.ModuleType:
+    """An importable module `name` holding empty mixin classes, registered in `sys.modules`."""
+    module = types.ModuleType(name)
+    for mixin in mixins:
+        setattr(module, mixin, type(mixin, (), {}))
+    module.__path__ = []
+    return sys.modules.setdefault(name, module)
+
+
+def import_upstream_tests(generation_tests: Path | None):
+    """Import the sdist's tests/ as a package. The modules its files import from sub-folders the sdist does not
+    ship become empty mixins: exporters/test_export.py always, generation/test_utils.py unless `generation_tests`
+    names a checkout's tests/ folder, whose generation/ is then imported in the package (its test_utils.py
+    imports the export mixins as `tests.exporters.test_export`, the checkout's own package name, which points
+    at the stand-in while it is imported)."""
     package = types.ModuleType(UPSTREAM_PACKAGE)
     package.__path__ = [str(UPSTREAM_TESTS)]
     sys.modules.setdefault(UPSTREAM_PACKAGE, package)
-    for folder, module, mixin in [
-        ("exporters", "test_export", "ExportTesterMixin"),
-        ("generation", "test_utils", "GenerationTesterMixin"),
-    ]:
-        if (UPSTREAM_TESTS / folder / f"{module}.py").is_file():
-            continue
-        subpackage = types.ModuleType(f"{UPSTREAM_PACKAGE}.{folder}")
-        subpackage.__path__ = []
-        stub = types.ModuleType(f"{UPSTREAM_PACKAGE}.{folder}.{module}")
-        setattr(stub, mixin, type(mixin, (), {}))
-        sys.modules.setdefault(subpackage.__name__, subpackage)
-        sys.modules.setdefault(stub.__name__, stub)
-    with warnings.catch_warnings():  # marks of transformers' own pytest configuration (flash_attn_test, ...)
-        warnings.simplefilter("ignore", pytest.PytestUnknownMarkWarning)
-        return importlib.import_module(f"{UPSTREAM_PACKAGE}.test_modeling_common")
+    exporters = stand_in(f"{UPSTREAM_PACKAGE}.exporters")
+    export = stand_in(
+        f"{UPSTREAM_PACKAGE}.exporters.test_export", "ExportTesterMixin", "ExportGenerateTesterMixin"
+    )
+    if generation_tests is None:
+        stand_in(f"{UPSTREAM_PACKAGE}.generation")
+        stand_in(f"{UPSTREAM_PACKAGE}.generation.test_utils", "GenerationTesterMixin")
+    else:
+        generation = types.ModuleType(f"{UPSTREAM_PACKAGE}.generation")
+        generation.__path__ = [str(generation_tests / "generation")]
+        sys.modules.setdefault(generation.__name__, generation)
+    checkout_names = {"tests.exporters": exporters, "tests.exporters.test_export": export}
+    sys.modules.update(checkout_names)
+    try:
+        with warnings.catch_warnings():
+            # marks of transformers' own pytest configuration (flash_attn_test, generate, ...)
+            warnings.simplefilter("ignore", pytest.PytestUnknownMarkWarning)
+            return importlib.import_module(f"{UPSTREAM_PACKAGE}.test_modeling_common")
+    finally:
+        for name in checkout_names:
+            sys.modules.pop(name)
 
 
-common = import_upstream_tests()
-GENERATION_MIXIN_SHIPPED = (UPSTREAM_TESTS / "generation" / "test_utils.py").is_file()
+GENERATION_TESTS = generation_tests_folder()
+common = import_upstream_tests(GENERATION_TESTS)
 
 # Upstream tests no configuration passes on purpose: test name -> why.
 DOCUMENTED_DIFFERENCES = {}
-if not GENERATION_MIXIN_SHIPPED:
-    DOCUMENTED_DIFFERENCES["test_generation_tester_mixin_inheritance"] = (
-        "asks a model that can generate for GenerationTesterMixin's tests, which transformers' sdist does not "
-        "ship (tests/generation/ is not in it); generation is tested in tests/model/test_conformance.py"
+# Upstream tests that cannot run here: test name -> why.
+NOT_RUNNABLE = {}
+if GENERATION_TESTS is None:
+    NOT_RUNNABLE["test_generation_tester_mixin_inheritance"] = (
+        f"GenerationTesterMixin's tests run where {GENERATION_TESTS_VARIABLE} names the tests/ folder of a "
+        "transformers source checkout (transformers' sdist does not ship tests/generation/); generation is "
+        "tested in tests/model/test_conformance.py and tests/model/test_generation.py"
     )
 
 
@@ -142,6 +187,18 @@ class MarianPosEncModelTester:
         return self.prepare_config_and_inputs()
 
 
+def with_greedy_defaults(model_init):
+    """A model class's `__init__` followed by the generation config transformers builds from the model config
+    (greedy search, no length rule), which is what `MarianMTModel` gets."""
+
+    @functools.wraps(model_init)
+    def init(model, config, *args, **kwargs):
+        model_init(model, config, *args, **kwargs)
+        model.generation_config = GenerationConfig.from_model_config(config)
+
+    return init
+
+
 class MarianPosEncModelTest(common.ModelTesterMixin, common.GenerationTesterMixin, unittest.TestCase):
     __test__ = False
     overrides: dict = {}
@@ -153,10 +210,12 @@ class MarianPosEncModelTest(common.ModelTesterMixin, common.GenerationTesterMixi
         self.model_tester = MarianPosEncModelTester(self, self.overrides)
         # transformers' generation tests take greedy decoding without a length rule as the model's default (what
         # `MarianMTModel` has); ours is paper 1's beam 4, length penalty 0.6 and source length + 50 new tokens.
-        for name, greedy in [("PAPER_1_DECODING", {}), ("MAX_NEW_TOKENS_OVER_SOURCE", None)]:
-            patcher = unittest.mock.patch.object(modeling_marian_posenc, name, greedy)
-            patcher.start()
-            self.addCleanup(patcher.stop)
+        model_class = MarianPosEncForConditionalGeneration
+        patcher = unittest.mock.patch.object(
+            model_class, "__init__", with_greedy_defaults(model_class.__init__)
+        )
+        patcher.start()
+        self.addCleanup(patcher.stop)
         # The mixin looks model classes up by name in transformers' own auto-class tables (a base model has no
         # loss; a seq2seq LM gets labels); `AutoModel.register` does not write those tables, so our names are
         # added here, where transformers' own source lists Marian's.
@@ -189,7 +248,51 @@ def skipped(reason: str):
 
 # The input embedding families (fixed, rotary, recurrent), a custom attention (Shaw's value term), a bias shared
 # by the layers (T5), and a position-based mixer (rPosNet, with learned embeddings), one test class each.
+TEST_CLASSES = {}
 for name, (overrides, differences) in CONFIGS.items():
     members = {"__test__": True, "overrides": overrides}
     members |= {test: skipped(reason) for test, reason in {**DOCUMENTED_DIFFERENCES, **differences}.items()}
-    globals()[f"Test{name}"] = type(f"Test{name}", (MarianPosEncModelTest,), members)
+    members |= {test: unittest.skip(reason)(lambda self: None) for test, reason in NOT_RUNNABLE.items()}
+    TEST_CLASSES[name] = globals()[f"Test{name}"] = type(f"Test{name}", (MarianPosEncModelTest,), members)
+
+
+def test_the_tester_builds_models_that_decode_greedily_without_a_length_rule():
+    """The tester's models have the generation defaults of `MarianMTModel` (a generation config built from the
+    model config), where our saved defaults are paper 1's beam 4; models built outside the tester keep those."""
+    tester = MarianPosEncModelTest("setUp")
+    tester.setUp()
+    config = tester.model_tester.get_config()
+    greedy = MarianPosEncForConditionalGeneration(config).generation_config
+    tester.doCleanups()
+    paper = MarianPosEncForConditionalGeneration(config).generation_config
+    assert paper.get_generation_mode() == GenerationMode.BEAM_SEARCH
+    assert (paper.num_beams, paper.length_penalty, paper.max_new_tokens_over_source) == (4, 0.6, 50)
+    assert greedy.to_diff_dict() == GenerationConfig.from_model_config(config).to_diff_dict()
+    assert greedy.get_generation_mode() == GenerationMode.GREEDY_SEARCH
+    assert greedy.bad_words_ids is None and getattr(greedy, "max_new_tokens_over_source", None) is None
+
+
+def test_the_generation_tests_variable_names_a_checkouts_tests_folder(tmp_path, monkeypatch):
+    monkeypatch.delenv(GENERATION_TESTS_VARIABLE, raising=False)
+    assert generation_tests_folder() is None
+    monkeypatch.setenv(GENERATION_TESTS_VARIABLE, str(tmp_path))
+    with pytest.raises(FileNotFoundError, match=f"{GENERATION_TESTS_VARIABLE}={tmp_path} has no generation/"):
+        generation_tests_folder()
+    (tmp_path / "generation").mkdir()
+    (tmp_path / "generation" / "test_utils.py").touch()
+    assert generation_tests_folder() == tmp_path
+
+
+def test_generation_tests_run_with_the_variable_and_are_skipped_naming_it_without():
+    """With the variable set, the test classes carry transformers' `GenerationTesterMixin` tests; without it, the
+    inheritance test (which would pass against the empty stand-in) is skipped with a reason that names it. The
+    checkout's name for the export mixins is not left behind in `sys.modules`."""
+    test_class = TEST_CLASSES["Sinusoidal"]
+    inheritance = test_class.test_generation_tester_mixin_inheritance
+    if GENERATION_TESTS is None:
+        assert not hasattr(test_class, "test_greedy_generate")
+        assert GENERATION_TESTS_VARIABLE in inheritance.__unittest_skip_why__
+    else:
+        assert callable(test_class.test_greedy_generate)
+        assert not getattr(inheritance, "__unittest_skip__", False)
+    assert not any(name.startswith("tests.exporters") for name in sys.modules)
