@@ -3,7 +3,7 @@
 Models trained on short examples stop at a length learned in training when the input is longer (Varis & Bojar,
 EMNLP 2021, "Sequence Length is a Domain"); `generate` knows only absolute lengths. The options below scale with
 the source, per example of the batch, and are read from the generation config by the model's `generate`
-(`MarianPosEncForConditionalGeneration.generate`), so a saved `generation_config.json` turns them on:
+(`LengthControlGenerationMixin.generate`, below), so a saved `generation_config.json` turns them on:
 
 * `min_length_ratio` r: no `</s>` before the hypothesis holds ⌈r·|x|⌉ tokens, `</s>` included, where |x| counts
   the example's non-pad source tokens, its `</s>` included (fairseq2's `min_gen_len = a·|x| + b` with b = 0;
@@ -38,6 +38,7 @@ import torch
 from transformers import LogitsProcessor, LogitsProcessorList
 
 from .base import is_number
+from .model_checks import check_generation_settings
 
 MIN_LENGTH_RATIO = "min_length_ratio"
 WORD_REWARD = "word_reward"
@@ -269,3 +270,59 @@ def length_control_processors(
     if control.word_reward is not None:
         processors.append(WordRewardLogitsProcessor(control.word_reward, eos_token_ids))
     return processors
+
+
+class LengthControlGenerationMixin:
+    """The translation model's `generate` (mixed into `MarianPosEncForConditionalGeneration` ahead of
+    `GenerationMixin`, whose `generate` it wraps): the source-tied budget and the length control above, read from
+    the generation config or the call's keyword arguments."""
+
+    def generate(self, inputs=None, generation_config=None, logits_processor=None, **kwargs):
+        """`GenerationMixin.generate`; unless a length is given, allows source length + N new tokens, with N
+        from the generation config's `max_new_tokens_over_source` (50, paper 1); adds the source-tied length
+        control of the generation config or of the keyword arguments (`min_length_ratio`, `word_reward`,
+        `match_source_sentence_count` with `sentence_end_token_ids`, and the loop guard; module docstring). Refuses
+        a non-finite float setting and a count below 1 (`check_generation_settings`), which transformers
+        decodes into NaN scores or fails on deep inside."""
+        settings = generation_config or self.generation_config
+        over_source = getattr(settings, "max_new_tokens_over_source", None)
+        source = inputs if inputs is not None else kwargs.get("input_ids")
+        if (
+            over_source is not None
+            and source is not None
+            and not {"max_new_tokens", "max_length"} & kwargs.keys()
+        ):
+            kwargs["max_new_tokens"] = source.shape[-1] + over_source
+        control = LengthControl.from_settings(settings, kwargs, self.config)  # first: its keys' own rules
+        check_generation_settings(
+            settings.to_dict(),
+            kwargs,
+            "in the generation_config given to generate"
+            if generation_config is not None
+            else "in the model's generation config (generation_config.json of a saved model)",
+        )
+        if control.active:
+            logits_processor = self.length_control(control, settings, source, logits_processor, kwargs)
+        return super().generate(
+            inputs, generation_config=generation_config, logits_processor=logits_processor, **kwargs
+        )
+
+    def length_control(self, control, settings, source, logits_processor, kwargs) -> LogitsProcessorList:
+        """`logits_processor` with the processors of `control` for the batch `source` appended; sets the loop
+        guard's `no_repeat_ngram_size` in `kwargs` where neither `kwargs` nor `settings` set it."""
+        if source is None or source.dtype.is_floating_point:
+            raise ValueError(
+                "length control (min_length_ratio, word_reward, match_source_sentence_count) needs the source "
+                "token ids: pass input_ids, not inputs_embeds"
+            )
+        ngram = kwargs.get("no_repeat_ngram_size", settings.no_repeat_ngram_size)
+        kwargs["no_repeat_ngram_size"] = loop_guard_ngram_size(control, ngram)
+        mask = kwargs.get("attention_mask")
+        mask = mask if mask is not None else source != self.config.pad_token_id  # (B, S)
+        eos = kwargs.get("eos_token_id", settings.eos_token_id)
+        eos = [i for i in (eos if isinstance(eos, (list, tuple)) else [eos]) if i is not None and i >= 0]
+        prompt = kwargs.get("decoder_input_ids")
+        processors = length_control_processors(
+            control, source, mask, eos, prompt_length=1 if prompt is None else prompt.shape[-1]
+        )
+        return LogitsProcessorList([*(logits_processor or []), *processors])

@@ -1,7 +1,7 @@
 """Marian encoder-decoder with pluggable positional modules.
 
-Marian's post-norm architecture (Junczys-Dowmunt et al. 2018, as in `transformers.MarianMTModel`), with two
-changes of structure and none of arithmetic:
+Marian's post-norm architecture (Junczys-Dowmunt et al. 2018, as in `transformers.MarianMTModel`; its layers in
+modeling_layers.py), with two changes of structure and none of arithmetic:
 
 * each stack owns a position encoding from `POSITION_ENCODINGS` (config `encoder_position_encoding`,
   `decoder_position_encoding`) that builds its input from the token embeddings and hooks into its
@@ -13,8 +13,10 @@ Positions are computed here, once per forward, and handed down: in the encoder f
 token's position counts from the start of its own sequence), in the decoder from the number of cached
 positions; in training with `shape_max_shift` > 0 both are shifted by a random offset per sequence (SHAPE,
 `MarianPosEncStack.shape_offsets`), with `randomized_positions_max` > 0 replaced by sorted random draws
-(`MarianPosEncStack.randomized_positions`). With `"sinusoidal"` + `"attention"` the model reproduces `MarianMTModel`
-logits exactly; `from_marian` converts stock checkpoints.
+(`MarianPosEncStack.randomized_positions`; both in position_randomization.py), and with `sentence_end_token_ids`
+they restart at each sentence (sentence_positions.py). `generate` ties the decoding budget and length control to
+the source (generation_length.py). With `"sinusoidal"` + `"attention"` the model reproduces `MarianMTModel` logits
+exactly; `from_marian` converts stock checkpoints.
 """
 
 import dataclasses
@@ -23,12 +25,10 @@ import math
 
 import torch
 from torch import nn
-from transformers import GenerationMixin, LogitsProcessorList, PreTrainedModel
+from transformers import GenerationMixin, PreTrainedModel
 from transformers import initialization as init
-from transformers.activations import ACT2FN
 from transformers.cache_utils import Cache, DynamicCache, EncoderDecoderCache
 from transformers.masking_utils import create_bidirectional_mask, create_causal_mask
-from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.modeling_outputs import (
     BaseModelOutput,
     BaseModelOutputWithPastAndCrossAttentions,
@@ -38,36 +38,26 @@ from transformers.modeling_outputs import (
 from transformers.utils import can_return_tuple, logging
 
 from .base import (
-    CROSS_ATTENTION,
     DECODER,
-    DECODER_SELF_ATTENTION,
     ENCODER,
-    ENCODER_SELF_ATTENTION,
     PosEncCache,
     PositionContext,
     PositionEncoding,
     TokenMixer,
-    additive_mask,
     positions_from_padding_mask,
     stack_score_mask,
-    with_score_mask,
 )
 from .configuration_marian_posenc import MarianPosEncConfig
-from .generation_length import (
-    LENGTH_CONTROL_DEFAULTS,
-    LengthControl,
-    length_control_processors,
-    loop_guard_ngram_size,
-)
-from .model_checks import CheckedLoading, check_generation_settings, check_num_items_in_batch, check_token_ids
-from .registry import POSITION_ENCODINGS, TOKEN_MIXERS
+from .generation_length import LENGTH_CONTROL_DEFAULTS, LengthControlGenerationMixin
+from .model_checks import CheckedLoading, check_num_items_in_batch, check_token_ids
+from .modeling_layers import MarianPosEncDecoderLayer, MarianPosEncEncoderLayer
+from .position_randomization import PositionRandomizationMixin
+from .registry import POSITION_ENCODINGS
 from .sentence_positions import (
-    SENTENCE_POSITIONS,
-    SENTENCE_STATE,
     SentenceBoundaries,
     SentenceCrossAttentionBias,
     SentenceEmbedding,
-    SentencePositions,
+    SentencePositionsMixin,
 )
 
 logger = logging.get_logger(__name__)
@@ -75,7 +65,6 @@ logger = logging.get_logger(__name__)
 MAX_NEW_TOKENS_OVER_SOURCE = 50  # paper 1 decodes up to source length + 50 tokens
 # Paper 1's evaluation (§4.1): beam 4, length penalty 0.6; the saved generation config of every model.
 PAPER_1_DECODING = {"num_beams": 4, "length_penalty": 0.6}
-SHAPE_OFFSETS = "shape_offsets"  # the decoder's SHAPE offsets in `PosEncCache.extra_state`, (B, 1)
 # transformers 5.24 renamed `create_causal_mask`'s `past_key_values` to `cache` (the old name warns until 5.40)
 MASK_CACHE_ARGUMENT = (
     "cache" if "cache" in inspect.signature(create_causal_mask).parameters else "past_key_values"
@@ -109,95 +98,6 @@ def as_posenc_cache(cache: Cache | None, config) -> PosEncCache | None:
     if isinstance(cache, EncoderDecoderCache):
         return PosEncCache(cache.self_attention_cache, cache.cross_attention_cache)
     return PosEncCache(cache, DynamicCache(config=config))
-
-
-class MarianPosEncLayer(GradientCheckpointingLayer):
-    """What encoder and decoder layers share: the post-norm feed-forward block x = LN(x + FFN(x))."""
-
-    def __init__(self, config: MarianPosEncConfig, ffn_dim: int):
-        super().__init__()
-        self.dropout = config.dropout
-        self.activation_fn = ACT2FN[config.activation_function]
-        self.activation_dropout = config.activation_dropout
-        self.fc1 = nn.Linear(config.d_model, ffn_dim)
-        self.fc2 = nn.Linear(ffn_dim, config.d_model)
-        self.final_layer_norm = nn.LayerNorm(config.d_model)
-
-    def residual_norm(self, hidden_states, update, norm: nn.LayerNorm):
-        """Post-norm residual: LN(x + dropout(update))."""
-        return norm(hidden_states + nn.functional.dropout(update, p=self.dropout, training=self.training))
-
-    def feed_forward(self, hidden_states):
-        update = self.activation_fn(self.fc1(hidden_states))
-        update = nn.functional.dropout(update, p=self.activation_dropout, training=self.training)
-        return self.residual_norm(hidden_states, self.fc2(update), self.final_layer_norm)
-
-
-class MarianPosEncEncoderLayer(MarianPosEncLayer):
-    """Post-norm encoder layer: x = LN(x + Mix(x)); x = LN(x + FFN(x))."""
-
-    def __init__(self, config: MarianPosEncConfig, layer_idx: int):
-        super().__init__(config, config.encoder_ffn_dim)
-        self.self_attn = TOKEN_MIXERS[config.encoder_self_attention](
-            config, ENCODER_SELF_ATTENTION, layer_idx
-        )
-        self.self_attn_layer_norm = nn.LayerNorm(config.d_model)
-
-    def forward(
-        self, hidden_states, attention_mask, score_mask, context: PositionContext, output_attentions=False
-    ):
-        mixed, weights = self.self_attn(
-            hidden_states,
-            attention_mask=attention_mask,
-            context=with_score_mask(context, score_mask),
-            output_attentions=output_attentions,
-        )
-        hidden_states = self.residual_norm(hidden_states, mixed, self.self_attn_layer_norm)
-        return self.feed_forward(hidden_states), weights
-
-
-class MarianPosEncDecoderLayer(MarianPosEncLayer):
-    """Post-norm decoder layer: causal self-mixing, cross-mixing over the encoder output, FFN."""
-
-    def __init__(self, config: MarianPosEncConfig, layer_idx: int):
-        super().__init__(config, config.decoder_ffn_dim)
-        self.self_attn = TOKEN_MIXERS[config.decoder_self_attention](
-            config, DECODER_SELF_ATTENTION, layer_idx
-        )
-        self.self_attn_layer_norm = nn.LayerNorm(config.d_model)
-        self.encoder_attn = TOKEN_MIXERS[config.cross_attention](config, CROSS_ATTENTION, layer_idx)
-        self.encoder_attn_layer_norm = nn.LayerNorm(config.d_model)
-
-    def forward(
-        self,
-        hidden_states,
-        attention_mask,
-        score_mask,
-        encoder_hidden_states,
-        encoder_attention_mask,
-        self_context: PositionContext,
-        cross_context: PositionContext,
-        past_key_values=None,
-        output_attentions=False,
-    ):
-        mixed, self_weights = self.self_attn(
-            hidden_states,
-            past_key_values=past_key_values,
-            attention_mask=attention_mask,
-            context=with_score_mask(self_context, score_mask),
-            output_attentions=output_attentions,
-        )
-        hidden_states = self.residual_norm(hidden_states, mixed, self.self_attn_layer_norm)
-        mixed, cross_weights = self.encoder_attn(
-            hidden_states,
-            key_value_states=encoder_hidden_states,
-            past_key_values=past_key_values,
-            attention_mask=encoder_attention_mask,
-            context=cross_context,
-            output_attentions=output_attentions,
-        )
-        hidden_states = self.residual_norm(hidden_states, mixed, self.encoder_attn_layer_norm)
-        return self.feed_forward(hidden_states), self_weights, cross_weights
 
 
 class MarianPosEncPreTrainedModel(CheckedLoading, PreTrainedModel):
@@ -239,8 +139,10 @@ class MarianPosEncPreTrainedModel(CheckedLoading, PreTrainedModel):
         self.config.position_attention_precomputed = True
 
 
-class MarianPosEncStack(MarianPosEncPreTrainedModel):
-    """What encoder and decoder share: scaled token embeddings, the stack's position encoding, its layers.
+class MarianPosEncStack(SentencePositionsMixin, PositionRandomizationMixin, MarianPosEncPreTrainedModel):
+    """What encoder and decoder share: scaled token embeddings, the stack's position encoding, its layers; the
+    sentence-aware positions (`SentencePositionsMixin`) and training's randomized positions
+    (`PositionRandomizationMixin`) the stacks compute their positions with.
 
     Each stack owns its `embed_tokens`, as Marian's do; in a model they are tied to `shared` through
     `_tied_weights_keys` (one parameter, not one module: transformers' loading then reports a checkpoint
@@ -283,57 +185,6 @@ class MarianPosEncStack(MarianPosEncPreTrainedModel):
             check_token_ids(input_ids, self.embed_tokens.num_embeddings, f"{prefix}input_ids")
             inputs_embeds = self.embed_tokens(input_ids)
         return inputs_embeds * self.embed_scale
-
-    def shape_offsets(self, batch_size: int, device) -> torch.Tensor | None:
-        """SHAPE's random shifts (Kiyono et al. 2021): one offset k ~ U{0, ..., K} per sequence, (B, 1), with
-        K = `config.shape_max_shift`, added to every position of the sequence; None at inference or with K = 0.
-
-        The authors' released code (github.com/butsugiri/shape, an OpenNMT-py fork) gives encoder and decoder
-        each their own shifted position module, which draws one offset per sequence, so the two stacks are
-        shifted independently; each stack calls this once per forward and so do we. Deviations from that
-        code: it draws k in [0, K) and narrows the range where its table would overflow, we draw k in [0, K]
-        and let a table too short for length + K raise `check_max_positions`' error; at inference it keeps
-        every position shifted by K, we do not shift at all (k = 0).
-        """
-        if not (self.training and self.config.shape_max_shift):
-            return None
-        return torch.randint(0, self.config.shape_max_shift + 1, (batch_size, 1), device=device)  # (B, 1)
-
-    def randomized_positions(self, positions: torch.Tensor, batch_size: int, past_length: int = 0):
-        """Randomized positional encodings (Ruoss et al. 2023, §3): in training, the n tokens of a sequence take
-        n sorted distinct positions drawn uniformly from {0, ..., L - 1}, L = `config.randomized_positions_max`,
-        instead of 0..n-1; None at inference or with L = 0. `positions` (B|1, T) are the plain ones.
-
-        Every sequence draws its own subset, and each stack draws for itself (called once per forward, like
-        `shape_offsets`). A row's n is its largest plain position + 1: a padded source's real tokens; the
-        decoder, which gets no padding mask in training, counts every row as T long, so a row of n < T real
-        tokens takes the first n of its T sorted draws. The draws cover one forward: a cached decode cannot be
-        continued in training mode (the draw for n + 1 tokens is not the draw for n extended). Padding takes the
-        position of the real token its plain position names. Returns (B, T).
-        """
-        draws = self.config.randomized_positions_max
-        if not (self.training and draws):
-            return None
-        length = positions.shape[-1]
-        if past_length or length > draws:
-            raise ValueError(
-                f"randomized positions (randomized_positions_max={draws}) draw the positions of a whole sequence "
-                f"in one training forward: got {length} new tokens after {past_length} cached ones; sequences "
-                f"must fit in {draws} positions, and a cached decode runs in eval mode (model.eval())."
-            )
-        keys = torch.rand(batch_size, draws, device=positions.device)  # (B, L)
-        chosen = keys.argsort(dim=-1)[:, :length]  # (B, T): a uniform random T-subset of 0..L-1, unsorted
-        counts = positions.amax(dim=-1, keepdim=True) + 1  # (B|1, 1): a row's real tokens
-        ranks = torch.arange(length, device=positions.device)  # (T,)
-        chosen = chosen.masked_fill(ranks >= counts, draws).sort(dim=-1).values  # (B, T): a row's first
-        return chosen.gather(-1, positions.expand(batch_size, -1))  # (B, T)
-
-    def embed_sentences(self, hidden_states, sentences: SentencePositions | None, largest: int):
-        """The stack's input plus the learned row of each token's sentence index (unchanged without one);
-        `largest` bounds the indices on the host."""
-        if sentences is None or self.sentence_embedding is None:
-            return hidden_states
-        return self.sentence_embedding(hidden_states, sentences.indices, largest)  # (B, L, D)
 
     def run_layers(
         self, hidden_states, layer_args: tuple, output_attentions, output_hidden_states, **layer_kwargs
@@ -438,55 +289,6 @@ class MarianPosEncDecoder(MarianPosEncStack):
     def __init__(self, config: MarianPosEncConfig):
         super().__init__(config, DECODER, MarianPosEncDecoderLayer, config.decoder_layers)
 
-    def decoder_sentences(self, input_ids, order, past_length: int, cache) -> SentencePositions | None:
-        """Sentence positions of the new tokens, with `positions` (B, k) covering the cached tokens too (the keys);
-        the state after each token and every token's position travel in the cache (None: sentences off).
-        `order` (1, q): the new tokens' places, past_length onwards."""
-        if self.sentence_boundaries is None:
-            return None
-        state = history = None
-        if past_length:
-            if SENTENCE_STATE not in cache.extra_state:
-                raise ValueError(
-                    "the decoder cache holds cached tokens but no sentence state (sentence_end_token_ids): "
-                    "continue decoding with the cache this model returned."
-                )
-            state, history = cache.last_token_state(SENTENCE_STATE), cache.extra_state[SENTENCE_POSITIONS]
-        new = self.sentence_boundaries(input_ids, order, None, state)
-        if cache is not None:
-            cache.append_token_state(SENTENCE_STATE, new.states)  # (B, k, 3)
-            cache.append_token_state(SENTENCE_POSITIONS, new.positions)  # (B, k)
-        if history is not None:
-            new.positions = torch.cat([history, new.positions], dim=1)  # (B, k)
-        return new
-
-    def sentence_context(self, sentences, offsets, context: PositionContext) -> PositionContext:
-        """The self-attention context with in-sentence positions (SHAPE-shifted), ordered by `context`'s."""
-        keys = sentences.positions if offsets is None else sentences.positions + offsets  # (B, k)
-        queries = keys[:, keys.shape[1] - context.query_positions.shape[1] :]  # (B, q)
-        span = (0, context.key_span[1])  # positions restart: the smallest may be 0 at any step
-        return PositionContext(
-            self.position_encoding,
-            queries,
-            keys,
-            span,
-            span,
-            query_order=context.query_positions,
-            key_order=context.key_positions,
-        )
-
-    def sentence_cross_mask(self, cross_mask, sentences, source_indices, context, dtype):
-        """The cross-attention mask with the sentence bias folded in, so SDPA keeps its fused kernel."""
-        if self.sentence_cross_attention_bias is None:
-            return cross_mask
-        if source_indices is None:
-            raise ValueError(
-                "sentence_cross_attention_bias needs the source's sentence indices: pass encoder_outputs as the "
-                "encoder returns them (MarianPosEncEncoderOutput.sentence_indices), not a tuple or your own output."
-            )
-        bias = self.sentence_cross_attention_bias(sentences.indices, source_indices).to(dtype)  # (B, H, q, S)
-        return additive_mask(cross_mask, bias, context, is_causal=False)
-
     @can_return_tuple
     def decoder_masks(
         self, inputs_embeds, attention_mask, encoder_hidden_states, encoder_attention_mask, cache
@@ -531,27 +333,6 @@ class MarianPosEncDecoder(MarianPosEncStack):
         )
         cross_context = PositionContext(None, query_positions, source_positions, query_span, source_span)
         return self_context, cross_context
-
-    def shifted_positions(self, key_positions, batch_size: int, cache):
-        """(key positions with SHAPE's offsets in training, (B, k); the offsets or None): the first step's offsets,
-        kept in the cache, serve the later steps."""
-        offsets = self.shape_offsets(batch_size, key_positions.device)
-        if offsets is None:
-            return key_positions, None
-        if isinstance(cache, PosEncCache):
-            offsets = cache.extra_state.setdefault(SHAPE_OFFSETS, offsets)
-        return key_positions + offsets, offsets
-
-    def randomized_context(
-        self, context, key_positions, batch_size: int, past_length: int
-    ) -> PositionContext:
-        """The self-attention context with randomized positions in training (embeddings and self-attention;
-        cross-attention keeps plain positions), else `context`."""
-        randomized = self.randomized_positions(key_positions, batch_size, past_length)
-        if randomized is None:
-            return context
-        span = (0, self.config.randomized_positions_max - 1)
-        return PositionContext(self.position_encoding, randomized, randomized, span, span)
 
     def forward(
         self,
@@ -718,8 +499,11 @@ def token_loss(logits, labels, num_items_in_batch=None):
     return loss / num_items_in_batch
 
 
-class MarianPosEncForConditionalGeneration(MarianPosEncPreTrainedModel, GenerationMixin):
-    """Translation model: `MarianPosEncModel` + tied LM head + Marian's final logits bias."""
+class MarianPosEncForConditionalGeneration(
+    LengthControlGenerationMixin, MarianPosEncPreTrainedModel, GenerationMixin
+):
+    """Translation model: `MarianPosEncModel` + tied LM head + Marian's final logits bias; `generate` with the
+    source-tied budget and length control (`LengthControlGenerationMixin`)."""
 
     _tied_weights_keys = {
         "lm_head.weight": "model.shared.weight",
@@ -789,56 +573,6 @@ class MarianPosEncForConditionalGeneration(MarianPosEncPreTrainedModel, Generati
         for name in ("past_key_values", "cache"):  # "cache" from transformers 5.24 on
             if model_kwargs.get(name) is not None:
                 model_kwargs[name] = as_posenc_cache(model_kwargs[name], self.config)
-
-    def generate(self, inputs=None, generation_config=None, logits_processor=None, **kwargs):
-        """`GenerationMixin.generate`; unless a length is given, allows source length + N new tokens, with N
-        from the generation config's `max_new_tokens_over_source` (50, paper 1); adds the source-tied length
-        control of the generation config or of the keyword arguments (`generation_length.py`: `min_length_ratio`,
-        `word_reward`, `match_source_sentence_count` with `sentence_end_token_ids`, and the loop guard). Refuses
-        a non-finite float setting and a count below 1 (`check_generation_settings`), which transformers
-        decodes into NaN scores or fails on deep inside."""
-        settings = generation_config or self.generation_config
-        over_source = getattr(settings, "max_new_tokens_over_source", None)
-        source = inputs if inputs is not None else kwargs.get("input_ids")
-        if (
-            over_source is not None
-            and source is not None
-            and not {"max_new_tokens", "max_length"} & kwargs.keys()
-        ):
-            kwargs["max_new_tokens"] = source.shape[-1] + over_source
-        control = LengthControl.from_settings(settings, kwargs, self.config)  # first: its keys' own rules
-        check_generation_settings(
-            settings.to_dict(),
-            kwargs,
-            "in the generation_config given to generate"
-            if generation_config is not None
-            else "in the model's generation config (generation_config.json of a saved model)",
-        )
-        if control.active:
-            logits_processor = self.length_control(control, settings, source, logits_processor, kwargs)
-        return super().generate(
-            inputs, generation_config=generation_config, logits_processor=logits_processor, **kwargs
-        )
-
-    def length_control(self, control, settings, source, logits_processor, kwargs) -> LogitsProcessorList:
-        """`logits_processor` with the processors of `control` for the batch `source` appended; sets the loop
-        guard's `no_repeat_ngram_size` in `kwargs` where neither `kwargs` nor `settings` set it."""
-        if source is None or source.dtype.is_floating_point:
-            raise ValueError(
-                "length control (min_length_ratio, word_reward, match_source_sentence_count) needs the source "
-                "token ids: pass input_ids, not inputs_embeds"
-            )
-        ngram = kwargs.get("no_repeat_ngram_size", settings.no_repeat_ngram_size)
-        kwargs["no_repeat_ngram_size"] = loop_guard_ngram_size(control, ngram)
-        mask = kwargs.get("attention_mask")
-        mask = mask if mask is not None else source != self.config.pad_token_id  # (B, S)
-        eos = kwargs.get("eos_token_id", settings.eos_token_id)
-        eos = [i for i in (eos if isinstance(eos, (list, tuple)) else [eos]) if i is not None and i >= 0]
-        prompt = kwargs.get("decoder_input_ids")
-        processors = length_control_processors(
-            control, source, mask, eos, prompt_length=1 if prompt is None else prompt.shape[-1]
-        )
-        return LogitsProcessorList([*(logits_processor or []), *processors])
 
     @can_return_tuple
     def forward(

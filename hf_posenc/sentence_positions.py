@@ -48,7 +48,15 @@ import torch
 from torch import nn
 from transformers import initialization as init
 
-from .base import CROSS_ATTENTION, DECODER_SELF_ATTENTION, ENCODER_SELF_ATTENTION, STACKS, PositionLimitError
+from .base import (
+    CROSS_ATTENTION,
+    DECODER_SELF_ATTENTION,
+    ENCODER_SELF_ATTENTION,
+    STACKS,
+    PositionContext,
+    PositionLimitError,
+    additive_mask,
+)
 
 # The decoder's per-token entries in `PosEncCache.extra_state`: each token's (sentence index, position of its
 # sentence's first token, ends a sentence), (B, k, 3), and each token's in-sentence position, (B, k).
@@ -169,6 +177,70 @@ class SentenceCrossAttentionBias(nn.Module):
         distance = source_indices[:, None, :] - target_indices[:, :, None]  # (B, q, S)
         bucket = distance.clamp(-self.max_distance, self.max_distance) + self.max_distance
         return self.weight[:, bucket].transpose(0, 1)  # (B, H, q, S)
+
+
+class SentencePositionsMixin:
+    """The stacks' use of sentence-aware positions (mixed into `MarianPosEncStack`, which builds
+    `sentence_boundaries`, `sentence_embedding` and `sentence_cross_attention_bias` from the config, None where
+    off): `embed_sentences` for both stacks; `decoder_sentences`, `sentence_context` and `sentence_cross_mask` for
+    the decoder, whose sentence state continues over the steps of a cached decode. The encoder calls
+    `sentence_boundaries` directly: its positions come whole from the padding mask."""
+
+    def embed_sentences(self, hidden_states, sentences: SentencePositions | None, largest: int):
+        """The stack's input plus the learned row of each token's sentence index (unchanged without one);
+        `largest` bounds the indices on the host."""
+        if sentences is None or self.sentence_embedding is None:
+            return hidden_states
+        return self.sentence_embedding(hidden_states, sentences.indices, largest)  # (B, L, D)
+
+    def decoder_sentences(self, input_ids, order, past_length: int, cache) -> SentencePositions | None:
+        """Sentence positions of the new tokens, with `positions` (B, k) covering the cached tokens too (the keys);
+        the state after each token and every token's position travel in the cache (None: sentences off).
+        `order` (1, q): the new tokens' places, past_length onwards."""
+        if self.sentence_boundaries is None:
+            return None
+        state = history = None
+        if past_length:
+            if SENTENCE_STATE not in cache.extra_state:
+                raise ValueError(
+                    "the decoder cache holds cached tokens but no sentence state (sentence_end_token_ids): "
+                    "continue decoding with the cache this model returned."
+                )
+            state, history = cache.last_token_state(SENTENCE_STATE), cache.extra_state[SENTENCE_POSITIONS]
+        new = self.sentence_boundaries(input_ids, order, None, state)
+        if cache is not None:
+            cache.append_token_state(SENTENCE_STATE, new.states)  # (B, k, 3)
+            cache.append_token_state(SENTENCE_POSITIONS, new.positions)  # (B, k)
+        if history is not None:
+            new.positions = torch.cat([history, new.positions], dim=1)  # (B, k)
+        return new
+
+    def sentence_context(self, sentences, offsets, context: PositionContext) -> PositionContext:
+        """The self-attention context with in-sentence positions (SHAPE-shifted), ordered by `context`'s."""
+        keys = sentences.positions if offsets is None else sentences.positions + offsets  # (B, k)
+        queries = keys[:, keys.shape[1] - context.query_positions.shape[1] :]  # (B, q)
+        span = (0, context.key_span[1])  # positions restart: the smallest may be 0 at any step
+        return PositionContext(
+            self.position_encoding,
+            queries,
+            keys,
+            span,
+            span,
+            query_order=context.query_positions,
+            key_order=context.key_positions,
+        )
+
+    def sentence_cross_mask(self, cross_mask, sentences, source_indices, context, dtype):
+        """The cross-attention mask with the sentence bias folded in, so SDPA keeps its fused kernel."""
+        if self.sentence_cross_attention_bias is None:
+            return cross_mask
+        if source_indices is None:
+            raise ValueError(
+                "sentence_cross_attention_bias needs the source's sentence indices: pass encoder_outputs as the "
+                "encoder returns them (MarianPosEncEncoderOutput.sentence_indices), not a tuple or your own output."
+            )
+        bias = self.sentence_cross_attention_bias(sentences.indices, source_indices).to(dtype)  # (B, H, q, S)
+        return additive_mask(cross_mask, bias, context, is_causal=False)
 
 
 def field_default(config, name: str):

@@ -86,8 +86,13 @@ def test_from_marian_folder_swaps_the_position_encoding_and_keeps_the_rest(tmp_p
 
 
 def test_a_saved_folder_loads_as_automodel_with_remote_code_alone(tmp_path, tiny_model):
-    """auto_map names the base model too: `AutoModel` with `trust_remote_code` works without hf_posenc."""
+    """auto_map names the base model too: `AutoModel` with `trust_remote_code` works without hf_posenc. The folder
+    holds the whole flat closure: every flat module of the package but `__init__.py` (the model's files import only
+    each other, so one left out of the imports is one the saved model would lack)."""
     tiny_model().save_pretrained(tmp_path)
+    package = Path(hf_posenc.__file__).parent
+    flat = {path.name for path in package.glob("*.py")} - {"__init__.py"}
+    assert {path.name for path in tmp_path.glob("*.py")} == flat
     assert json.loads((tmp_path / "config.json").read_text())["auto_map"]["AutoModel"] == (
         "modeling_marian_posenc.MarianPosEncModel"
     )
