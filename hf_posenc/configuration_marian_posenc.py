@@ -10,10 +10,13 @@ rather than deep inside torch.
 
 import dataclasses
 import difflib
+import math
 import sys
 
 from huggingface_hub.dataclasses import strict
+from huggingface_hub.errors import StrictDataclassFieldValidationError
 from transformers import GenerationConfig, MarianConfig, PreTrainedConfig, PreTrainedModel
+from transformers.activations import ACT2FN
 from transformers.utils import logging
 
 from .base import ATTENTION_SITES, CROSS_ATTENTION, STACKS, Hyperparameter
@@ -180,7 +183,9 @@ class MarianPosEncConfig(MarianConfig, ModuleHyperparameters):
         lists them with their defaults).
 
     The defaults of the remaining Marian fields are those of a Transformer base translation model (d_model
-    512, 6+6 layers, 8 heads, scaled and tied embeddings), not MarianConfig's opus-mt-big defaults.
+    512, 6+6 layers, 8 heads, scaled and tied embeddings), not MarianConfig's opus-mt-big defaults. Every float
+    field must be finite; `activation_function` a name of transformers' `ACT2FN`; `init_std` >= 0; Marian's
+    `encoder_layerdrop` / `decoder_layerdrop` 0 (the layers here do not implement LayerDrop).
     """
 
     model_type = "marian_posenc"
@@ -258,7 +263,13 @@ class MarianPosEncConfig(MarianConfig, ModuleHyperparameters):
             for key, value in config_dict.items()
             if key not in fields and key not in ACCEPTED_EXTRA_KEYS and key != "position_encoding"
         }
-        loaded = super().from_dict({k: v for k, v in config_dict.items() if k not in extra}, **kwargs)
+        try:
+            loaded = super().from_dict({k: v for k, v in config_dict.items() if k not in extra}, **kwargs)
+        except StrictDataclassFieldValidationError as error:  # a wrong type in a (hand-edited) config.json
+            raise ValueError(
+                f"a saved config (config.json) holds a value of the wrong type: {error.__cause__ or error}. Correct "
+                "the entry, or save the model again with save_pretrained."
+            ) from None
         config = loaded[0] if isinstance(loaded, tuple) else loaded  # (config, unused kwargs) on request
         for key, value in extra.items():
             setattr(config, key, value)
@@ -281,6 +292,7 @@ class MarianPosEncConfig(MarianConfig, ModuleHyperparameters):
     def check_choices(self) -> None:
         """Raise a ValueError naming the bad value and the allowed ones. Runs when the config is built and again
         when a model is built from it (fields may have been set in between)."""
+        self.check_marian_fields()
         for name in (
             "vocab_size",
             "d_model",
@@ -334,6 +346,32 @@ class MarianPosEncConfig(MarianConfig, ModuleHyperparameters):
         self.check_length_options()
         check_sentence_config(self, POSITION_ENCODINGS, TOKEN_MIXERS)
 
+    def check_marian_fields(self) -> None:
+        """Marian's fields that this model would misread or ignore without an error: a non-finite float (NaN passes
+        every range check: a NaN `init_std` fails deep in torch, a NaN `rope_theta` or module hyperparameter
+        computes NaN), an unknown activation, and LayerDrop (not implemented here)."""
+        for field in dataclasses.fields(self):
+            value = getattr(self, field.name, None)
+            if isinstance(value, float) and not math.isfinite(value):
+                raise ValueError(f"{field.name}={value} must be a finite number.")
+        if self.activation_function not in ACT2FN:
+            raise ValueError(
+                f"activation_function={self.activation_function!r} is not known; allowed values: "
+                f"{', '.join(sorted(ACT2FN))}."
+            )
+        if self.init_std < 0:
+            raise ValueError(
+                f"init_std={self.init_std} must be >= 0 (the standard deviation of initial weights)."
+            )
+        for name in ("encoder_layerdrop", "decoder_layerdrop"):
+            if getattr(self, name):
+                raise ValueError(
+                    f"{name}={getattr(self, name)} is not supported: MarianPosEnc layers do not implement LayerDrop "
+                    "(allowed: 0.0)."
+                )
+        if self.eos_token_id == []:
+            raise ValueError("eos_token_id=[] names no end-of-sequence token: give an id (or a list of ids).")
+
     def check_length_options(self) -> None:
         """Randomized positions, log-length scaling and RoPE scaling (docs/length.md): values, and the modules
         each one needs. The RoPE scaling dictionary itself is checked by the `rope` encoding's `check_config`."""
@@ -351,6 +389,9 @@ class MarianPosEncConfig(MarianConfig, ModuleHyperparameters):
         encodings = {
             f"{stack}_position_encoding": getattr(self, f"{stack}_position_encoding") for stack in STACKS
         }
+        numbers = {key: value for key, value in (self.rope_scaling or {}).items() if isinstance(value, float)}
+        if bad := [key for key, value in numbers.items() if not math.isfinite(value)]:
+            raise ValueError(f"rope_scaling={self.rope_scaling!r}: {', '.join(bad)} must be a finite number.")
         if self.rope_scaling is not None and ROPE not in encodings.values():
             raise ValueError(
                 f"rope_scaling={self.rope_scaling!r} rescales the {ROPE!r} position encoding, which neither stack "

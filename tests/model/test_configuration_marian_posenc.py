@@ -104,6 +104,18 @@ def test_bad_special_token_ids_and_sharing_fail_when_the_config_is_built(fields,
         ({"posnet_dim": 0}, ["posnet_dim=0 must be >= 1"]),
         ({"rpe_cell": "transformer"}, ["rpe_cell='transformer' is not known; allowed values: rnn"]),
         ({"shape_max_shift": -1}, ["shape_max_shift=-1 must be >= 0"]),
+        ({"init_std": float("nan")}, ["init_std=nan must be a finite number"]),
+        ({"rope_theta": float("nan")}, ["rope_theta=nan must be a finite number"]),
+        ({"posnet_dropout": float("nan")}, ["posnet_dropout=nan must be a finite number"]),
+        ({"fire_init_threshold": float("inf")}, ["fire_init_threshold=inf must be a finite number"]),
+        (
+            {"position_encoding": "rope", "rope_scaling": {"rope_type": "linear", "factor": float("nan")}},
+            ["rope_scaling=", "factor must be a finite number"],
+        ),
+        ({"activation_function": "rleu"}, ["activation_function='rleu' is not known", "relu"]),
+        ({"init_std": -0.1}, ["init_std=-0.1 must be >= 0"]),
+        ({"encoder_layerdrop": 0.2}, ["encoder_layerdrop=0.2 is not supported", "allowed: 0.0"]),
+        ({"eos_token_id": []}, ["eos_token_id=[] names no end-of-sequence token"]),
     ],
     ids=lambda value: next(iter(value)) if isinstance(value, dict) else "",
 )
@@ -112,3 +124,25 @@ def test_bad_config_values_fail_when_the_config_is_built(fields, words):
         MarianPosEncConfig(**fields)
     for word in words:
         assert word in str(error.value)
+
+
+@pytest.mark.parametrize(
+    "field, value, words",
+    [
+        ("d_model", "512", ["config.json", "Field 'd_model' expected int, got str"]),
+        ("log_length_scaling", "cross_attention", ["config.json", "log_length_scaling"]),
+    ],
+)
+def test_a_config_json_value_of_the_wrong_type_is_a_value_error_naming_the_file(
+    tmp_path, tiny_config, field, value, words
+):
+    """A hand-edited config.json with a string for a number (or for a list) fails with a ValueError naming
+    config.json and the field, which the command-line tools print as one line, instead of huggingface_hub's
+    StrictDataclassFieldValidationError and its traceback."""
+    tiny_config().save_pretrained(tmp_path)
+    stored = json.loads((tmp_path / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps({**stored, field: value}))
+    with pytest.raises(ValueError) as error:
+        AutoConfig.from_pretrained(tmp_path)
+    for word in words:
+        assert word in str(error.value), str(error.value)
