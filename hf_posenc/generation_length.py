@@ -285,6 +285,14 @@ class LengthControlGenerationMixin:
         a non-finite float setting and a count below 1 (`check_generation_settings`), which transformers
         decodes into NaN scores or fails on deep inside."""
         settings = generation_config or self.generation_config
+        control = LengthControl.from_settings(settings, kwargs, self.config)  # first: its keys' own rules
+        check_generation_settings(  # before the budget: it checks max_new_tokens_over_source too
+            settings.to_dict(),
+            kwargs,
+            "in the generation_config given to generate"
+            if generation_config is not None
+            else "in the model's generation config (generation_config.json of a saved model)",
+        )
         over_source = getattr(settings, "max_new_tokens_over_source", None)
         source = inputs if inputs is not None else kwargs.get("input_ids")
         if (
@@ -293,14 +301,6 @@ class LengthControlGenerationMixin:
             and not {"max_new_tokens", "max_length"} & kwargs.keys()
         ):
             kwargs["max_new_tokens"] = source.shape[-1] + over_source
-        control = LengthControl.from_settings(settings, kwargs, self.config)  # first: its keys' own rules
-        check_generation_settings(
-            settings.to_dict(),
-            kwargs,
-            "in the generation_config given to generate"
-            if generation_config is not None
-            else "in the model's generation config (generation_config.json of a saved model)",
-        )
         if control.active:
             logits_processor = self.length_control(control, settings, source, logits_processor, kwargs)
         return super().generate(

@@ -1,13 +1,15 @@
 """The model's guards, apart from its arithmetic: inputs that torch would fail on deep inside (or misread) get an
 error naming the value, decoding settings that would decode garbage without an error are refused, and loading
-names the folder, the code that builds the model, a pickled checkpoint torch will not read safely, and a checkpoint
-that lacks the parameters of the positional modules its config asks for.
+names the folder, the code that builds the model, a pickled checkpoint torch will not read safely, a checkpoint
+that lacks the parameters of the positional modules its config asks for and an unreadable generation_config.json
+(a folder without one keeps the model's own decoding settings).
 
 `MarianPosEncPreTrainedModel` takes `CheckedLoading` before `PreTrainedModel`; the forwards call `check_token_ids`
 and `check_num_items_in_batch`, `generate` calls `check_generation_settings`.
 """
 
 import inspect
+import json
 import math
 import os
 import pickle
@@ -71,6 +73,12 @@ def check_num_items_in_batch(num_items_in_batch, tokens: torch.Tensor) -> None:
 
 # Generation settings that count something: below 1 they decode nothing or fail deep inside `generate`.
 GENERATION_COUNTS = ("num_beams", "max_new_tokens", "max_length", "num_return_sequences")
+# Settings that count from 0: below it (or a fraction) transformers turns them off or fails on them deep inside
+# (`max_new_tokens_over_source`: new tokens allowed beyond the source length; the loop guard's n, 0 = off).
+GENERATION_COUNTS_FROM_ZERO = ("max_new_tokens_over_source", "no_repeat_ngram_size")
+GENERATION_CONFIG_FILE = "generation_config.json"
+# The decoding settings a warning names when a folder's generation config is missing (the model's own are kept).
+OWN_DECODING_SETTINGS = ("num_beams", "length_penalty", "max_new_tokens_over_source")
 
 
 def check_generation_settings(
@@ -81,7 +89,9 @@ def check_generation_settings(
 ) -> None:
     """Refuse generation settings that decode garbage without an error: a non-finite float (a NaN length
     penalty ranks every beam alike and returns NaN scores; a NaN temperature or top_p samples from NaN), alone or
-    inside a list or tuple (`exponential_decay_length_penalty`), or a count of `GENERATION_COUNTS` below 1.
+    inside a list or tuple (`exponential_decay_length_penalty`), a count of `GENERATION_COUNTS` below 1 or one of
+    `GENERATION_COUNTS_FROM_ZERO` below 0 (a negative n-gram size silently turns the loop guard off; a negative
+    or fractional `max_new_tokens_over_source` gives a budget shorter than the source, or fails in `generate`).
     `saved`: the generation config's settings (`GenerationConfig.to_dict()`), `given`: the call's keyword
     arguments, which take precedence; the error names the setting, its value and where it came from.
     `transformers` checks neither (NaN passes every range comparison)."""
@@ -99,6 +109,9 @@ def check_generation_settings(
                 f"{name}={value} must be at least 1 ({origin})"
                 + ("; 1: greedy decoding." if name == "num_beams" else ".")
             )
+        from_zero = name in GENERATION_COUNTS_FROM_ZERO and value is not None
+        if from_zero and (not isinstance(value, int) or isinstance(value, bool) or value < 0):
+            raise ValueError(f"{name}={value!r} must be a whole number of at least 0 ({origin}).")
 
 
 def could_be_hub_id(name) -> bool:
@@ -140,6 +153,25 @@ def pickled_weights_message(folder: Path | None, error: Exception) -> str:
     )
 
 
+def check_generation_config_file(folder: Path) -> None:
+    """A folder's generation_config.json that is not a JSON object is an error naming it: transformers would fall
+    back, with an info message only, to a generation config built from config.json (greedy, at most 20 tokens)."""
+    path = folder / GENERATION_CONFIG_FILE
+    if not path.is_file():
+        return
+    try:
+        settings = json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise ValueError(
+            f"{path} cannot be read ({error}): correct it, or delete it to decode with the model's own settings."
+        ) from None
+    if not isinstance(settings, dict):
+        raise ValueError(
+            f"{path} holds a {type(settings).__name__}, not a mapping of generation settings: correct it, or "
+            "delete it to decode with the model's own settings."
+        )
+
+
 class CheckedLoading:
     """`from_pretrained` with the loading checks; mixed into the model classes before `PreTrainedModel`."""
 
@@ -147,13 +179,14 @@ class CheckedLoading:
     def from_pretrained(cls, pretrained_model_name_or_path, *args, **kwargs):
         """`PreTrainedModel.from_pretrained`, saying which model code builds the model (the installed package's
         classes win over a folder's own copy whenever `hf_posenc` is imported: a warning names the files of
-        that copy that differ), naming the folder when it does not exist or its weights cannot be read, and
-        refusing a checkpoint that lacks parameters of the model's positional modules
-        (`check_positional_parameters_loaded`)."""
+        that copy that differ), naming the folder when it does not exist or its weights or generation_config.json
+        cannot be read (`check_generation_config_file`), and refusing a checkpoint that lacks parameters of the
+        model's positional modules (`check_positional_parameters_loaded`)."""
         source = pretrained_model_name_or_path  # a folder, a Hub id, or None with a `state_dict`
         folder = Path(os.fspath(source)).expanduser() if source is not None else None
         if folder is not None:
             cls.check_model_folder(source, folder)
+            check_generation_config_file(folder / (kwargs.get("subfolder") or ""))
         wants_loading_info = kwargs.pop("output_loading_info", False)
         try:
             model, loading_info = super().from_pretrained(source, *args, output_loading_info=True, **kwargs)
@@ -191,6 +224,37 @@ class CheckedLoading:
                 ", ".join(differing),
             )
         logger.info("loading %s with the model code of %s", folder, package)
+
+    def adjust_generation_fn(
+        self,
+        generation_config,
+        from_auto_class,
+        from_pipeline,
+        pretrained_model_name_or_path,
+        *args,
+        **kwargs,
+    ):
+        """`GenerationMixin.adjust_generation_fn` (from_pretrained's loading of the generation config), keeping the
+        decoding settings the model's constructor chose (beam 4, length penalty 0.6, source length + 50, length
+        control off) for a local folder without generation_config.json, with a warning. transformers would build a
+        generation config from config.json instead: greedy, at most 20 tokens (`max_length` 20), every
+        translation cut there without an error."""
+        own = self.generation_config
+        super().adjust_generation_fn(
+            generation_config, from_auto_class, from_pipeline, pretrained_model_name_or_path, *args, **kwargs
+        )
+        if generation_config is not None or pretrained_model_name_or_path is None:
+            return
+        folder = Path(os.fspath(pretrained_model_name_or_path)).expanduser() / (kwargs.get("subfolder") or "")
+        if folder.is_dir() and not (folder / GENERATION_CONFIG_FILE).is_file():
+            logger.warning(
+                "%s has no %s: decoding with the model's own settings (%s), not transformers' 20-token default; "
+                "save model.generation_config into the folder to keep other settings.",
+                folder,
+                GENERATION_CONFIG_FILE,
+                ", ".join(f"{key}={getattr(own, key, None)}" for key in OWN_DECODING_SETTINGS),
+            )
+            self.generation_config = own
 
     def check_positional_parameters_loaded(self, missing_keys, source) -> None:
         """Raise when a checkpoint that holds this model's other parameters lacks some of its position

@@ -417,3 +417,25 @@ def test_an_auto_map_entry_naming_a_missing_class_is_refused_by_name(tmp_path, t
     remote = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path)
     assert "transformers_modules" in remote.stderr  # raised by the folder's own copy of the config code
     assert remote.returncode != 0 and all(word in remote.stderr for word in words), remote.stderr[-2000:]
+
+
+def test_a_folder_without_generation_config_keeps_the_models_decoding_settings(tmp_path, caplog, tiny_model):
+    """Before: transformers built the generation config from config.json: greedy and at most 20 tokens, every
+    longer translation cut there without an error. The model's own settings (beam 4, length penalty 0.6, source
+    length + 50) are kept, and a warning names the folder."""
+    tiny_model().save_pretrained(tmp_path)
+    (tmp_path / "generation_config.json").unlink()
+    with caplog.at_level(logging.WARNING):
+        loaded = MarianPosEncForConditionalGeneration.from_pretrained(tmp_path)
+    settings = loaded.generation_config
+    assert (settings.num_beams, settings.length_penalty, settings.max_new_tokens_over_source) == (4, 0.6, 50)
+    assert f"{tmp_path} has no generation_config.json" in caplog.text
+
+
+@pytest.mark.parametrize("content", ["{broken", "[1, 2]"])
+def test_an_unreadable_generation_config_is_named(tmp_path, tiny_model, content):
+    """Before: transformers fell back, with an info message only, to greedy decoding of at most 20 tokens."""
+    tiny_model().save_pretrained(tmp_path)
+    (tmp_path / "generation_config.json").write_text(content)
+    with pytest.raises(ValueError, match=r"generation_config.json (cannot be read|holds a list)"):
+        MarianPosEncForConditionalGeneration.from_pretrained(tmp_path)

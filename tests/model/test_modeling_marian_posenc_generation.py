@@ -69,6 +69,29 @@ def test_counts_below_one_are_refused(name, model, source):
         model.generate(ids, attention_mask=mask, **{"max_new_tokens": 3, name: 0})
 
 
+@pytest.mark.parametrize("value", [-5, 2.5, "50"])
+def test_a_budget_over_the_source_that_is_no_whole_number_from_zero_is_refused_by_name(value, model, source):
+    """Before: max_new_tokens_over_source=-5 silently cut every translation below the source length, "50" failed
+    with a TypeError on `int + str`, 2.5 was reported as max_new_tokens=... "given to generate", a setting no one
+    gave. The saved budget is named with its origin, before it is added to the source length."""
+    ids, mask = source
+    config = GenerationConfig(**{**model.generation_config.to_dict(), "max_new_tokens_over_source": value})
+    with pytest.raises(
+        ValueError,
+        match=rf"max_new_tokens_over_source={value!r} must be a whole number of at least 0 \(in the generation_config",
+    ):
+        model.generate(ids, attention_mask=mask, generation_config=config)
+
+
+def test_a_negative_loop_guard_is_refused(model, source):
+    """Before: no_repeat_ngram_size=-1 turned the loop guard off without a word (transformers applies it only
+    above 0); 0 is the way to turn it off."""
+    ids, mask = source
+    with pytest.raises(ValueError, match=r"no_repeat_ngram_size=-1 must be a whole number of at least 0"):
+        model.generate(ids, attention_mask=mask, max_new_tokens=3, no_repeat_ngram_size=-1)
+    model.generate(ids, attention_mask=mask, max_new_tokens=3, no_repeat_ngram_size=0)
+
+
 def test_finite_settings_decode_as_before(model, source):
     """The check refuses nothing finite: beam search with a length penalty still decodes."""
     ids, mask = source
