@@ -7,6 +7,7 @@ from pathlib import Path
 
 import torch
 
+from ...generation_length import sentence_end_token_ids
 from ..cli import check_number
 from ..data.files import read_lines, read_parallel
 from ..export.ctranslate2 import is_ctranslate2_folder, translate_ctranslate2
@@ -68,7 +69,8 @@ def add_length_control_flags(parser) -> None:
         "--match_source_sentence_count",
         choices=["true", "false"],
         default=None,
-        help="true: no </s> before the translation holds as many sentence ends as its source",
+        help="true: no </s> before the translation holds as many sentence ends as its source (the tokenizer's "
+        "sentence-end tokens where the model saved none)",
     )
     group.add_argument(
         "--no_repeat_ngram_size", type=int, default=None, help="the loop guard: no n-gram twice (0: off)"
@@ -197,6 +199,22 @@ def decode_with_ctranslate2(args, model_dir: Path, sources: list[str]) -> tuple[
     return hypotheses, decoding
 
 
+def sentence_ends_for_the_count(overrides: dict, model, tokenizer) -> dict:
+    """`--match_source_sentence_count true` on a model that saved no sentence-end ids (neither its generation config
+    nor its config, trained without --length_control or --sentence_positions): the tokenizer's, as train.py
+    derives them (`sentence_end_token_ids`); else nothing. An error where the tokenizer has none."""
+    saved = getattr(model.generation_config, "sentence_end_token_ids", None)
+    saved = saved or getattr(model.config, "sentence_end_token_ids", None)
+    if not overrides.get("match_source_sentence_count") or saved:
+        return {}
+    if not (ends := sentence_end_token_ids(tokenizer)):
+        raise ValueError(
+            "--match_source_sentence_count true: the tokenizer has no token that ends a sentence (., !, ? or one "
+            "ending in them) to count"
+        )
+    return {"sentence_end_token_ids": ends}
+
+
 def decode_with_model(args, model_dir: Path, sources: list[str]) -> tuple[list[str], dict]:
     """The model's translations in the chosen precision, and how they were decoded."""
     model, tokenizer = load_translation_model(model_dir)
@@ -206,6 +224,7 @@ def decode_with_model(args, model_dir: Path, sources: list[str]) -> tuple[list[s
         if v is not None
     }
     overrides.update(length_control_flags(args))
+    overrides.update(sentence_ends_for_the_count(overrides, model, tokenizer))
     beams = args.num_beams or model.generation_config.num_beams or 1
     precision = choose_precision(
         args.precision,

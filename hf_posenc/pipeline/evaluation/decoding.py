@@ -2,6 +2,7 @@
 `load_translation_model` the one loader of a saved model folder, each with errors that name the bad setting or
 the missing file. Needs only the base install (no scoring library), so the CTranslate2 export can use it."""
 
+import json
 import re
 import time
 from collections.abc import Sequence
@@ -9,8 +10,10 @@ from pathlib import Path
 
 import torch
 
+from ...generation_length import LengthControl
 from ...model_checks import check_generation_settings
 from ..cli import check_number
+from ..training.pretrained import MODEL_TYPES
 from ..training.progress import LOG_EVERY_SECONDS, ProgressReport
 
 # The files `from_pretrained` reads a model's weights from (one of them).
@@ -23,6 +26,41 @@ WEIGHT_FILES = (
 
 
 # Decoding settings that count something: below 1 they decode nothing or fail deep inside `generate`.
+def source_kind(index: int, source) -> str:
+    """ "text" or "ids" for one source of `translate`; an error naming `sources[index]` for anything else (the
+    tokenizer would fail on it deep inside, or read a `bytes` object as token ids) and for an empty source, which
+    has nothing to translate."""
+    if isinstance(source, str):
+        if not source.strip():
+            raise ValueError(
+                f"sources[{index}]={source!r} is empty: there is nothing to translate; drop it from the sources"
+            )
+        return "text"
+    ids = source.tolist() if isinstance(source, torch.Tensor) else source
+    if isinstance(ids, (list, tuple)) and all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
+        if not ids:
+            raise ValueError(f"sources[{index}] holds no token id: there is nothing to translate; drop it")
+        return "ids"
+    raise TypeError(
+        f"sources[{index}]={source!r:.60} is neither a text (str) nor a list of token ids (ints) made by the "
+        "tokenizer"
+    )
+
+
+def check_sources(sources) -> str:
+    """The kind of every source of `translate` ("text" or "ids", one for all); a TypeError for a single text
+    (whose characters would each be translated), a generator or any other non-list, and a mixture of kinds."""
+    if isinstance(sources, (str, bytes)) or not isinstance(sources, Sequence):
+        raise TypeError(
+            f"sources must be a list of texts (or of token-id lists), got a {type(sources).__name__}"
+            + (": put one text in a list, [text]" if isinstance(sources, str) else "")
+        )
+    kinds = {source_kind(index, source) for index, source in enumerate(sources)}
+    if len(kinds) > 1:
+        raise TypeError("sources mix texts and token-id lists: give one kind")
+    return next(iter(kinds), "text")
+
+
 def check_decoding_settings(model, generate_kwargs: dict) -> None:
     """Refuse decoding settings that would decode garbage without an error: a non-finite float (a NaN length
     penalty ranks every beam alike and collapses the output) or a count below 1, given by the caller or saved
@@ -42,6 +80,8 @@ def split_sentences(text: str) -> list[str]:
     """The sentences of `text`, cut at the white space after sentence-final punctuation (`SENTENCE_BREAK`); a
     text without such a break is one sentence. A punctuation rule, not a trained splitter: an abbreviation's
     dot followed by a space ("Mr. Smith") also ends a sentence."""
+    if not isinstance(text, str):
+        raise TypeError(f"split_sentences takes a text (str), got a {type(text).__name__}: {text!r:.60}")
     pieces, start = [], 0
     for match in SENTENCE_BREAK.finditer(text):
         pieces.append(text[start : match.start(1)])
@@ -67,7 +107,7 @@ def translate(
     """Translate in length-sorted batches (less padding), returning outputs in the input order.
 
     `sources` are texts, or token ids `tokenizer` made (the word-order probe permutes tokens, which must not be
-    tokenised again); the tokenizer pads each batch. Decoding settings come from the model's saved generation
+    tokenised again), in a list (`check_sources`: not one text, no empty source); the tokenizer pads each batch. Decoding settings come from the model's saved generation
     config unless given in `generate_kwargs` (`check_decoding_settings` refuses NaN and counts below 1). Under
     `bf16` decoding runs in bf16 autocast. Progress (sentences done/total) goes to a tqdm bar when
     `progress_stream` (default stderr) is a terminal and `progress_bar` is on, else to log lines every
@@ -79,10 +119,13 @@ def translate(
     on (the length harness's ceiling, docs/length.md).
     """
     check_number("batch_size", batch_size, minimum=1, integer=True)
+    if not isinstance(bf16, bool):
+        raise TypeError(f"bf16={bf16!r} must be True or False")
+    kind = check_sources(sources)
     progress = {"progress_every_seconds": progress_every_seconds, "progress_stream": progress_stream}
     progress["progress_bar"] = progress_bar
     if split_sentences:
-        if sources and not isinstance(sources[0], str):
+        if kind != "text":
             raise ValueError(
                 "split_sentences=True needs source texts, not token ids (ids cannot be cut into sentences)"
             )
@@ -129,22 +172,76 @@ def translate_by_sentence(model, tokenizer, sources: Sequence[str], batch_size: 
 
 
 def load_translation_model(folder, trust_remote_code: bool = False, **config_fields):
-    """(model, tokenizer) of a saved model folder, with errors that name what is missing; `config_fields` change
-    the saved config's fields for this load (e.g. `rope_scaling` at inference)."""
-    from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
+    """(model, tokenizer) of a saved model folder, with errors that name what is missing or unreadable; the
+    generation config is checked as `generate` would check it (`check_saved_generation_config`). `config_fields`
+    change the saved config's fields for this load (e.g. `rope_scaling` at inference)."""
+    from transformers import AutoModelForSeq2SeqLM
 
     folder = Path(folder)
+    check_model_files(folder)
+    try:
+        model = AutoModelForSeq2SeqLM.from_pretrained(
+            folder, trust_remote_code=trust_remote_code, **config_fields
+        )
+    except RuntimeError as error:
+        if "ignore_mismatched_sizes" not in str(error):
+            raise
+        raise ValueError(
+            f"the weights in {folder} have other shapes than its config.json asks for (the loading report above "
+            "lists them): config.json was edited, or the weights are another model's; restore the config they "
+            "were saved with"
+        ) from None
+    check_saved_generation_config(model, folder)
+    return model, load_tokenizer(folder, trust_remote_code)
+
+
+def check_model_files(folder: Path) -> None:
+    """A model folder holds a readable config.json of a model type the tools decode, weights and a tokenizer."""
     if not folder.is_dir():
         raise FileNotFoundError(f"model folder {folder} does not exist")
-    if not (folder / "config.json").is_file():
+    config = folder / "config.json"
+    if not config.is_file():
         raise ValueError(f"{folder} has no config.json: it is not a saved model")
+    try:
+        model_type = json.loads(config.read_text(encoding="utf-8")).get("model_type")
+    except (UnicodeDecodeError, json.JSONDecodeError, AttributeError) as error:
+        raise ValueError(f"{config} is not a JSON object of model settings ({error})") from None
+    if model_type not in MODEL_TYPES:
+        raise ValueError(
+            f"{config} has model_type={model_type!r}; allowed: "
+            + ", ".join(f"{name!r} ({kind})" for name, kind in MODEL_TYPES.items())
+        )
     if not any((folder / name).is_file() for name in WEIGHT_FILES):
         raise ValueError(f"{folder} has no weights: none of {', '.join(WEIGHT_FILES)} is there")
     if not any((folder / name).is_file() for name in ("tokenizer.json", "tokenizer_config.json")):
         raise ValueError(
             f"{folder} has no tokenizer (tokenizer.json); save the tokenizer beside the model, as train.py does"
         )
-    model = AutoModelForSeq2SeqLM.from_pretrained(
-        folder, trust_remote_code=trust_remote_code, **config_fields
-    )
-    return model, AutoTokenizer.from_pretrained(folder, trust_remote_code=trust_remote_code)
+
+
+def check_saved_generation_config(model, folder: Path) -> None:
+    """The model's generation config, refused by name at load time where `generate` would refuse it (a non-finite
+    or out-of-range setting, a bad length-control key), so that nothing (an export, a long decoding) starts with
+    it."""
+    origin = f"in {folder / 'generation_config.json'}"
+    try:
+        LengthControl.from_settings(model.generation_config, {}, model.config)
+    except ValueError as error:
+        raise ValueError(f"{error} ({origin})") from None
+    check_generation_settings(model.generation_config.to_dict(), {}, origin)
+
+
+def load_tokenizer(folder: Path, trust_remote_code: bool = False):
+    """The folder's tokenizer; one that cannot be read is an error naming the folder's tokenizer files."""
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(folder, trust_remote_code=trust_remote_code)
+    except ImportError:  # a package this tokenizer needs (sentencepiece): named by the tools (cli.run_cli)
+        raise
+    except Exception as error:  # the tokenizers library raises a bare Exception for a file it cannot parse
+        files = sorted(path.name for path in folder.glob("tokenizer*.json"))
+        raise ValueError(
+            f"the tokenizer of {folder} ({', '.join(files)}) cannot be read: {type(error).__name__}: {error}; "
+            "save the tokenizer again beside the model (tokenizer.save_pretrained(folder))"
+        ) from error

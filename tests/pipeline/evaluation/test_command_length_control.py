@@ -5,6 +5,7 @@ can express and refuses the rest by name."""
 import pytest
 import torch
 
+from hf_posenc.pipeline.data.tokenization import train_joint_bpe
 from hf_posenc.pipeline.evaluation import command
 from hf_posenc.pipeline.evaluation.command import evaluate_main
 from tests.helpers import EOS, assert_refused
@@ -45,6 +46,24 @@ def test_the_saved_length_control_applies_and_the_flags_override_it(eager_dir, t
     assert hypotheses(folder, texts) == longer
     assert set(hypotheses(folder, texts, "--min_length_ratio", "0")) == {""}
     assert set(hypotheses(folder, texts, "--word_reward", "5", "--num_beams", "1")) != {""}
+
+
+def test_the_sentence_count_flag_takes_the_tokenizers_sentence_ends_where_the_model_saved_none(
+    tmp_path, tiny_model
+):
+    """Before: `--match_source_sentence_count true` on a model trained without --length_control or
+    --sentence_positions was refused for lack of `sentence_end_token_ids`, which no flag of the command sets."""
+    sources = ["a dog runs . a man sits .", "two dogs run . children play ."]
+    model = tiny_model(max_position_embeddings=256)
+    with torch.no_grad():
+        model.final_logits_bias[0, EOS] = 1.0  # </s> first: it translates everything as ""
+    folder = tmp_path / "model"
+    model.save_pretrained(folder)
+    train_joint_bpe(sources * 3, vocab_size=60).save_pretrained(folder)
+    for name in ("test.en", "test.de"):
+        (tmp_path / name).write_text("\n".join(sources) + "\n")
+    assert set(hypotheses(folder, tmp_path)) == {""}
+    assert all(hypotheses(folder, tmp_path, "--match_source_sentence_count", "true"))
 
 
 LENGTH_CONTROL_FAULTS = {
