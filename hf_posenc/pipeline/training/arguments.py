@@ -1,4 +1,5 @@
-"""The settings of a training run, and every check that needs nothing but the settings.
+"""The settings of a training run, and every check that needs nothing but the settings (those that read a
+recipe's raw values, the numbers, the Hub fields or several settings at once: argument_checks.py).
 
 Every setting is a field of one of four dataclasses parsed by `HfArgumentParser`: `RunArguments` (budget,
 precision, evaluation and export), `DataArguments`, `ModelArguments` (module choices and model size; unset
@@ -30,6 +31,7 @@ from transformers import HfArgumentParser, Seq2SeqTrainingArguments
 from ...configuration_marian_posenc import MarianPosEncConfig
 from ..data.augmentation import check_augmentation
 from ..data.files import data_root, data_root_hint
+from .argument_checks import check_combinations, check_hub, check_numbers, check_recipe_values
 from .pretrained import pretrained_config
 
 RECIPES = Path(__file__).resolve().parent / "recipes"
@@ -282,8 +284,6 @@ MODEL_SETTINGS = (
 VOCABULARY_FLAGS = ("vocab_size", "bpe_sample_pairs")
 ARGUMENT_CLASSES = (RunArguments, DataArguments, ModelArguments, Seq2SeqTrainingArguments)
 PRECISION_FIELDS = ("bf16", "fp16")  # Trainer fields that --precision decides
-# The Hub upload happens once, when the run's folder is complete; the Trainer's pushes during training do not.
-HUB_STRATEGIES = ("end",)
 
 
 @dataclass
@@ -403,6 +403,7 @@ def parse_args(argv=None) -> Arguments:
     unknown = sorted(set(recipe) - known, key=str)
     if unknown:
         parser.error(f"recipe {recipe_name} has unknown keys {unknown}; allowed: {', '.join(sorted(known))}")
+    check_recipe_values(parser, recipe, recipe_name)
     if model_name_or_path or recipe.get("model_name_or_path"):
         ignore_recipe_model_settings(recipe, recipe_name, given_flags(argv))
     recipe_overrides = recipe.pop("config_overrides")
@@ -521,6 +522,7 @@ def check_arguments(args: Arguments, recipe_overrides: dict) -> None:
         except ValueError as error:  # names the value: "group_sizes=[2, 1]: expected ..."
             raise ValueError(f"--concat_{error}") from None
     model.config_overrides = json.dumps({**recipe_overrides, **config_overrides(model.config_overrides)})
+    check_combinations(args, model_fields(args), flag_names(args))
     if model.model_name_or_path:
         vocabulary = [f"--{name}" for name in VOCABULARY_FLAGS if name in args.flags]
         if vocabulary:
@@ -533,77 +535,6 @@ def check_arguments(args: Arguments, recipe_overrides: dict) -> None:
         )
     elif model.architecture == "marian_posenc":
         model_config(args, vocab_size=data.vocab_size, pad=0, eos=1)  # validates every model setting now
-
-
-def check_numbers(args: Arguments) -> None:
-    """Counts at least their minimum, rates and probabilities finite and in range, before anything runs."""
-    run, data, model, training = args.run, args.data, args.model, args.training
-    at_least = {
-        "--average_last": (run.average_last, 0),
-        "--average_best": (run.average_best, 0),
-        "--vocab_size": (data.vocab_size, 1),
-        "--max_length": (data.max_length, 1),
-        "--train_limit": (data.train_limit, 1),
-        "--test_limit": (data.test_limit, 1),
-        "--max_train_length": (data.max_train_length, 1),
-        "--max_tokens": (data.max_tokens, 1),
-        "--threads": (run.threads, 1),
-        "--d_model": (model.d_model, 1),
-        "--layers": (model.layers, 1),
-        "--heads": (model.heads, 1),
-        "--ffn_dim": (model.ffn_dim, 1),
-        "--num_beams": (model.num_beams, 1),
-        "--gradient_accumulation_steps": (training.gradient_accumulation_steps, 1),
-        "--save_steps": (training.save_steps, 1),
-        "--eval_steps": (training.eval_steps, 1),
-        "--examples": (run.examples, 0),
-        "--warmup_steps": (training.warmup_steps, 0),
-        "--per_device_train_batch_size": (training.per_device_train_batch_size, 1),
-        "--per_device_eval_batch_size": (training.per_device_eval_batch_size, 1),
-    }
-    for flag, (value, minimum) in at_least.items():
-        if value is not None and value < minimum:
-            raise ValueError(f"{flag}={value} must be at least {minimum}")
-    ranges = {  # flag: (value, low, high), inclusive
-        "--minutes": (run.minutes, 0.0, math.inf),
-        "--learning_rate": (training.learning_rate, 0.0, math.inf),
-        "--concat_probability": (data.concat_probability, 0.0, 1.0),
-        "--dropout": (model.dropout, 0.0, 1.0),
-        "--length_penalty": (model.length_penalty, -math.inf, math.inf),
-        "--label_smoothing_factor": (training.label_smoothing_factor, 0.0, 1.0),
-        "--weight_decay": (training.weight_decay, 0.0, math.inf),
-        "--max_grad_norm": (training.max_grad_norm, 0.0, math.inf),
-    }
-    for flag, (value, low, high) in ranges.items():
-        if value is not None and not (math.isfinite(value) and low <= value <= high):
-            bounds = [f"at least {low:g}"] if math.isfinite(low) else []
-            bounds += [f"at most {high:g}"] if math.isfinite(high) else []
-            raise ValueError(
-                f"{flag}={value} must be a finite number" + (f", {' and '.join(bounds)}" if bounds else "")
-            )
-    if training.learning_rate == 0:
-        raise ValueError("--learning_rate=0 trains nothing: give a positive learning rate")
-
-
-def check_hub(args: Arguments) -> None:
-    """The upload is honoured field by field (`export.push_to_hub`); a Hub field this tool cannot honour is
-    refused by name instead of being ignored."""
-    training = args.training
-    hub_fields = {name for name in args.given if name.startswith("hub_")} - {"hub_dry_run"}
-    if not training.push_to_hub:
-        if hub_fields:
-            raise ValueError(f"--{', --'.join(sorted(hub_fields))} given without --push_to_hub")
-        return
-    if not training.hub_model_id:
-        raise ValueError("--push_to_hub needs --hub_model_id")
-    strategy = getattr(training.hub_strategy, "value", training.hub_strategy)
-    if "hub_strategy" in args.given and strategy not in HUB_STRATEGIES:
-        raise ValueError(
-            f"--hub_strategy={strategy} is not supported: this tool uploads the run's folder once, when it is "
-            f"complete; allowed: {', '.join(HUB_STRATEGIES)}"
-        )
-    if training.hub_always_push:
-        raise ValueError("--hub_always_push is not supported: there is one upload, at the end of the run")
 
 
 def config_overrides(text: str) -> dict:

@@ -60,6 +60,26 @@ BAD_FLAGS = [
     ),
     (["--concat_group_sizes", "3"], ["--concat_group_sizes needs --concat_probability"]),
     (["--recipe", "wmt15"], ["unknown recipe 'wmt15'; available:"]),
+    (["--warmup_steps", "nan"], ["--warmup_steps=nan must be a finite number, at least 0"]),
+    (["--seed", "-1"], ["--seed=-1 must be at least 0"]),
+    (["--valid_source", "val.en"], ["--valid_source and --valid_target go together"]),
+    (["--test_target", "test.de"], ["--test_source and --test_target go together"]),
+    (
+        ["--architecture", "stock_marian", "--position_encoding", "rope"],
+        [
+            "--architecture stock_marian trains transformers' MarianMTModel, which has none of --position_encoding"
+        ],
+    ),
+    (
+        ["--architecture", "stock_marian", "--config_overrides", '{"shape_max_shift": 4}'],
+        ["which has none of --config_overrides shape_max_shift"],
+    ),
+    (["--architecture", "stock_marian", "--sentence_positions"], ["which has none of --sentence_positions"]),
+    (["--architecture", "stock_marian", "--length_control"], ["which has none of --length_control"]),
+    (
+        ["--sentence_positions", "--config_overrides", '{"sentence_end_token_ids": [5]}'],
+        ["--sentence_positions takes the tokenizer's sentence-end tokens", "sentence_end_token_ids=[5] too"],
+    ),
 ]
 
 

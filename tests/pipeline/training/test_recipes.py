@@ -128,10 +128,36 @@ def test_paper_2_small_recipe_has_eight_heads_and_beam_12():
         ("- 128\n- 256\n", ["must be a mapping of settings, got a list"]),
         ("d_model: 64\nlearnig_rate: 0.1\n", ["unknown keys ['learnig_rate']"]),
         ("extends: bad\n", ["extends itself"]),
+        ("schedule: budgett\n", ["recipe bad: schedule='budgett' is not allowed; allowed: fixed, budget"]),
+        ("architecture: transformer\n", ["architecture='transformer' is not allowed", "stock_marian"]),
+        ("eval_strategy: no\n", ["eval_strategy=False is not allowed", "no, steps, epoch", "quote it"]),
+        ("learning_rate: null\n", ["learning_rate=None is empty (null)"]),
+        ("warmup_steps: [1, 2]\n", ["warmup_steps=[1, 2] must be a number, not a list"]),
+        ("max_tokens: 2000.5\n", ["max_tokens=2000.5 must be a whole number"]),
+        ("d_model: big\n", ["recipe bad: d_model='big' is not a whole number"]),
+        ("concat_group_sizes: 2\n", ["concat_group_sizes=2 must be a list, e.g. [2]"]),
+        ("concat_group_sizes: [2, 2.5]\n", ["concat_group_sizes=[2, 2.5] must be a whole number"]),
     ],
-    ids=["invalid-yaml", "a-list", "unknown-key", "extends-itself"],
+    ids=[
+        "invalid-yaml",
+        "a-list",
+        "unknown-key",
+        "extends-itself",
+        "unknown-choice",
+        "unknown-architecture",
+        "yaml-boolean-for-a-choice",
+        "null",
+        "list-for-a-number",
+        "fraction-for-a-count",
+        "text-for-a-count",
+        "number-for-a-list",
+        "fraction-in-a-list",
+    ],
 )
 def test_bad_recipes_name_the_recipe_file(recipe, words, tmp_path, monkeypatch, capsys):
+    """A recipe's values become the parser's defaults, which argparse neither converts (but strings) nor checks
+    against the choices: before, an unknown choice trained with the default one, a YAML boolean for a choice or a
+    null failed deep in the Trainer or torch naming neither the recipe nor the key."""
     (tmp_path / "bad.yaml").write_text(recipe)
     monkeypatch.setattr(arguments, "RECIPES", tmp_path)
     with pytest.raises(SystemExit):
