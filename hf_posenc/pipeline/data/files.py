@@ -44,6 +44,8 @@ def read_lines(path: Path) -> list[str]:
 def iter_lines(path: Path) -> Iterator[str]:
     """`read_lines` one line at a time: what the training corpus streams, so that no file is held in memory."""
     path = Path(path)
+    if path.is_dir():
+        raise IsADirectoryError(f"parallel data file {path} is a folder; give the text file of one language")
     if not path.is_file():
         raise FileNotFoundError(f"parallel data file {path} does not exist")
     opener = gzip.open if path.suffix == ".gz" else open

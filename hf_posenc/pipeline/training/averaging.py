@@ -29,10 +29,25 @@ CHECKPOINT_PATTERN = re.compile(r"^checkpoint-(\d+)$")
 def list_checkpoints(checkpoints_dir) -> list[Path]:
     """`checkpoint-<step>` folders of a Trainer run, by step."""
     checkpoints_dir = Path(checkpoints_dir)
+    if checkpoints_dir.is_file():
+        raise NotADirectoryError(
+            f"checkpoint folder {checkpoints_dir} is a file; give the folder of checkpoint-<step>"
+        )
     if not checkpoints_dir.is_dir():
         raise FileNotFoundError(f"checkpoint folder {checkpoints_dir} does not exist")
     found = [p for p in checkpoints_dir.iterdir() if CHECKPOINT_PATTERN.match(p.name) and p.is_dir()]
     return sorted(found, key=lambda p: int(CHECKPOINT_PATTERN.match(p.name).group(1)))
+
+
+def read_json(path: Path):
+    """The JSON content of a checkpoint's file; one that cannot be read is an error naming it."""
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise ValueError(
+            f"{path} is not readable JSON ({error}): the checkpoint is damaged; leave it out of the average (move "
+            "it out of the folder) or save it again"
+        ) from None
 
 
 def validation_perplexities(checkpoint: Path) -> dict[int, float]:
@@ -42,7 +57,7 @@ def validation_perplexities(checkpoint: Path) -> dict[int, float]:
         raise FileNotFoundError(
             f"{path} is missing: the best checkpoint is chosen by the validation losses it logs"
         )
-    state = json.loads(path.read_text())
+    state = read_json(path)
     return {
         entry["step"]: math.exp(entry["eval_loss"]) for entry in state["log_history"] if "eval_loss" in entry
     }
@@ -77,7 +92,7 @@ def checkpoint_config(checkpoint: Path) -> dict:
     path = checkpoint / "config.json"
     if not path.is_file():
         raise FileNotFoundError(f"{path} is missing: {checkpoint} is not a complete model checkpoint")
-    return {k: v for k, v in json.loads(path.read_text()).items() if k not in RUN_SPECIFIC_CONFIG_KEYS}
+    return {k: v for k, v in read_json(path).items() if k not in RUN_SPECIFIC_CONFIG_KEYS}
 
 
 # The files a saved tokenizer consists of (fast and slow tokenizers, BPE, WordPiece, SentencePiece, Marian's spm).
@@ -101,7 +116,7 @@ def tokenizer_fingerprint(checkpoint: Path) -> dict[str, str]:
     for path in sorted({path for pattern in TOKENIZER_FILES for path in checkpoint.glob(pattern)}):
         content = path.read_bytes()
         if path.name == "tokenizer_config.json":
-            settings = {k: v for k, v in json.loads(content).items() if k not in LOADING_TOKENIZER_KEYS}
+            settings = {k: v for k, v in read_json(path).items() if k not in LOADING_TOKENIZER_KEYS}
             content = json.dumps(settings, sort_keys=True).encode()
         fingerprint[path.name] = hashlib.sha256(content).hexdigest()[:12]
     return fingerprint

@@ -27,6 +27,14 @@ def test_missing_file_is_named(tmp_path):
         read_parallel(present, tmp_path / "b.de")
 
 
+def test_a_folder_given_as_a_data_file_is_named_as_a_folder(tmp_path):
+    """Before: "does not exist", of a path that exists."""
+    present = write(tmp_path / "a.en", ["x"])
+    (tmp_path / "b.de").mkdir()
+    with pytest.raises(IsADirectoryError, match=r"b\.de is a folder; give the text file of one language"):
+        read_parallel(present, tmp_path / "b.de")
+
+
 def test_mismatched_line_counts_name_both_files_and_counts(tmp_path):
     source = write(tmp_path / "a.en.gz", ["one", "two", "three"], compressed=True)
     target = write(tmp_path / "a.de", ["eins", "zwei"])

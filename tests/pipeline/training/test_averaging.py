@@ -37,6 +37,27 @@ def test_averaging_refuses_checkpoints_of_different_models_and_zero_checkpoints(
         select_checkpoints(tmp_path / "a", last=0)
 
 
+@pytest.mark.parametrize("damaged", ["config.json", "trainer_state.json", "tokenizer_config.json"])
+def test_a_damaged_json_file_of_a_checkpoint_is_named(damaged, tmp_path, tiny_model):
+    """Before: json's own message ("Expecting value: line 1 column 1"), naming no file."""
+    for step in (1, 2):
+        save_scored_checkpoint(tiny_model, tmp_path, 0, step, {1: 1.0, 2: 0.5})
+        train_joint_bpe(["a dog runs"], vocab_size=40).save_pretrained(tmp_path / f"checkpoint-{step}")
+    (tmp_path / "checkpoint-2" / damaged).write_text("{broken")
+    with pytest.raises(
+        ValueError, match=rf"checkpoint-2/{damaged} is not readable JSON .*the checkpoint is damaged"
+    ):
+        average_state_dicts(select_checkpoints(tmp_path, best=2))
+
+
+def test_a_file_given_as_the_checkpoints_folder_is_named_as_a_file(tmp_path):
+    (tmp_path / "run-checkpoints").write_text("")
+    with pytest.raises(
+        NotADirectoryError, match=r"run-checkpoints is a file; give the folder of checkpoint-<step>"
+    ):
+        select_checkpoints(tmp_path / "run-checkpoints", last=1)
+
+
 def save_scored_checkpoint(tiny_model, folder, seed, step, eval_losses):
     model = tiny_model(seed=seed)
     model.save_pretrained(folder / f"checkpoint-{step}")
