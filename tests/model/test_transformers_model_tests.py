@@ -18,9 +18,9 @@ it the mixin is an empty stand-in and `test_generation_tester_mixin_inheritance`
 names the variable. The tester sets greedy generation defaults on the models it builds (`setUp`):
 transformers' generation tests take a model's defaults to be those of a generation config built from its model
 config, as `MarianMTModel`'s are, and ours are paper 1's beam 4, length penalty 0.6 and source length + 50 new
-tokens. The generation tests our models skip and stock Marian runs are in the table named below. Generation is also tested by tests/model/test_conformance.py and
-tests/model/test_generation.py, which need no checkout (cached and uncached greedy and beam search agree,
-per-step scores; assisted decoding).
+tokens. The generation tests our models skip and stock Marian runs are in the table named below. Generation is
+also tested by tests/model/test_conformance.py and tests/model/test_modeling_marian_posenc_generation.py, which
+need no checkout (cached and uncached greedy and beam search agree, per-step scores; assisted decoding).
 
 Deliberate differences from stock Marian are named skips with their reasons: those of every configuration in
 `DOCUMENTED_DIFFERENCES`, those of one configuration in its `CONFIGS` entry. Every difference that remains,
@@ -127,7 +127,7 @@ if GENERATION_TESTS is None:
     NOT_RUNNABLE["test_generation_tester_mixin_inheritance"] = (
         f"GenerationTesterMixin's tests run where {GENERATION_TESTS_VARIABLE} names the tests/ folder of a "
         "transformers source checkout (transformers' sdist does not ship tests/generation/); generation is "
-        "tested in tests/model/test_conformance.py and tests/model/test_generation.py"
+        "tested in tests/model/test_conformance.py and tests/model/test_modeling_marian_posenc_generation.py"
     )
 
 
