@@ -94,3 +94,18 @@ def record_host_reads_from(package_dir: Path, monkeypatch) -> list[str]:
         monkeypatch.setattr(torch.Tensor, name, recorded(name, getattr(torch.Tensor, name)))
     monkeypatch.setattr(torch, "equal", recorded("equal", torch.equal))
     return reads
+
+
+def record_positions(model, monkeypatch) -> dict[str, list]:
+    """The position contexts each stack's position encoding receives in `embed`, per stack."""
+    seen = {"encoder": [], "decoder": []}
+    for stack in seen:
+        encoding = getattr(model.model, stack).position_encoding
+        monkeypatch.setattr(
+            encoding,
+            "embed",
+            lambda inputs, context, *args, f=encoding.embed, stack=stack: (
+                seen[stack].append(context) or f(inputs, context, *args)
+            ),
+        )
+    return seen

@@ -14,7 +14,7 @@ from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
 from hf_posenc import MarianPosEncForConditionalGeneration
 from hf_posenc.base import ATTENTION_SITES, PositionContext
-from tests.helpers import PAD, VOCAB, decode_with_cache
+from tests.helpers import PAD, VOCAB, decode_with_cache, record_positions
 
 DRAWS = 48  # L of the randomized positions; the tiny models' tables hold 64
 DYNAMIC = {"rope_type": "dynamic", "factor": 2.0, "original_max_position_embeddings": 4}
@@ -25,16 +25,7 @@ LINEAR = {"rope_type": "linear", "factor": 4.0}
 def record_contexts(model, monkeypatch) -> dict[str, list[PositionContext]]:
     """The contexts each stack's position encoding receives in `embed`, and the decoder's first cross-attention
     mixer in its forward."""
-    seen = {"encoder": [], "decoder": [], "cross": []}
-    for stack in ("encoder", "decoder"):
-        encoding = getattr(model.model, stack).position_encoding
-        monkeypatch.setattr(
-            encoding,
-            "embed",
-            lambda inputs, context, *args, f=encoding.embed, stack=stack: (
-                seen[stack].append(context) or f(inputs, context, *args)
-            ),
-        )
+    seen = {**record_positions(model, monkeypatch), "cross": []}
     cross = model.model.decoder.layers[0].encoder_attn
     original = cross.forward
     monkeypatch.setattr(

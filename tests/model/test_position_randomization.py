@@ -5,23 +5,8 @@ on shift-invariant encodings."""
 import pytest
 import torch
 
-from hf_posenc import POSITION_ENCODINGS, MarianPosEncForConditionalGeneration, PositionContext
-from tests.helpers import PAD, VOCAB, decode_with_cache
-
-
-def record_positions(model, monkeypatch) -> dict[str, list[PositionContext]]:
-    """The contexts each stack's position encoding receives in `embed`."""
-    seen = {"encoder": [], "decoder": []}
-    for stack in seen:
-        encoding = getattr(model.model, stack).position_encoding
-        monkeypatch.setattr(
-            encoding,
-            "embed",
-            lambda inputs, context, *args, f=encoding.embed, stack=stack: (
-                seen[stack].append(context) or f(inputs, context, *args)
-            ),
-        )
-    return seen
+from hf_posenc import POSITION_ENCODINGS, MarianPosEncForConditionalGeneration
+from tests.helpers import PAD, VOCAB, decode_with_cache, record_positions
 
 
 @pytest.mark.parametrize("name", ["sinusoidal", "learned", "posnet_embed"])
