@@ -30,7 +30,7 @@ from hf_posenc.analysis.length_generalisation import (
 )
 from hf_posenc.analysis.word_order_probe import word_order_probe
 from hf_posenc.configuration_marian_posenc import RENAMED_FIELDS
-from hf_posenc.generation_length import measure_min_length_ratio
+from hf_posenc.generation_length import measure_min_length_ratio, sentence_end_token_ids
 from hf_posenc.pipeline.data.files import read_split
 from hf_posenc.pipeline.evaluation.decoding import load_translation_model, translate
 from hf_posenc.pipeline.evaluation.scoring import score_translations
@@ -258,7 +258,8 @@ def execute_decoding(run: Run, args) -> str:
 def generate_settings(run: Run, tokenizer) -> dict:
     """A run's generation settings: none of its own for a trained row; a decode-time row's, with a
     `min_length_ratio` of `TRAINING_RATIO` measured on the training pairs of its recipe and pair with the model's
-    tokenizer, as train.py --length_control measures it (docs/length.md)."""
+    tokenizer, as train.py --length_control measures it, and with `match_source_sentence_count` the tokenizer's
+    sentence ends, as train.py saves them (docs/length.md)."""
     decoding = DECODING.get(run.system)
     if decoding is None:
         return {}
@@ -270,6 +271,8 @@ def generate_settings(run: Run, tokenizer) -> dict:
             [len(ids) for ids in tokenizer(texts)["input_ids"]] for texts in (pairs.source, pairs.target)
         ]
         settings["min_length_ratio"] = measure_min_length_ratio(*lengths)
+    if settings.get("match_source_sentence_count"):
+        settings["sentence_end_token_ids"] = sentence_end_token_ids(tokenizer)
     return settings
 
 

@@ -11,8 +11,9 @@ import subprocess
 import sys
 
 import pytest
-from transformers import AutoTokenizer
 
+from hf_posenc.generation_length import sentence_end_token_ids
+from hf_posenc.pipeline.evaluation.decoding import load_translation_model, translate
 from hf_posenc.pipeline.training.hardware import Hardware
 from study import claims, cli, readme, report, runs, tables
 from study.results import check_results, precisions
@@ -539,10 +540,12 @@ def test_a_decode_time_row_measures_the_trained_rows_model_its_own_way(tmp_path,
     recorded = json.loads((root / "sinusoidal" / "seed1" / "settings.json").read_text())
     assert settings["train_arguments"] == recorded["train_arguments"]
     assert not (tmp_path / "models" / "multi30k-en-de-tiny" / "en-de" / system.name).exists()
-    measured = tables.Decoding("sinusoidal", generate={"min_length_ratio": tables.TRAINING_RATIO})
+    measured = tables.Decoding("sinusoidal", generate=tables.LENGTH_CONTROL)
     monkeypatch.setitem(tables.DECODING, system.name, measured)
-    tokenizer = AutoTokenizer.from_pretrained(
-        tmp_path / "models" / "multi30k-en-de-tiny" / "en-de" / "sinusoidal" / "seed1"
-    )
-    ratio = runs.generate_settings(decode_run, tokenizer)["min_length_ratio"]
+    model, tokenizer = load_translation_model(model_folder)
+    settings = runs.generate_settings(decode_run, tokenizer)
+    ratio = settings["min_length_ratio"]
     assert isinstance(ratio, float) and 0.3 < ratio < 1.2  # German over English, 5% quantile
+    assert settings["sentence_end_token_ids"] == sentence_end_token_ids(tokenizer) != []
+    (written,) = translate(model, tokenizer, ["A man sleeps. A dog runs."], **settings)
+    assert isinstance(written, str)  # the settings are ones generate accepts
