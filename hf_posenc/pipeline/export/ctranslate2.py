@@ -50,7 +50,7 @@ from ...generation_length import (
 )
 from ...registry import POSITION_ENCODINGS, TOKEN_MIXERS
 from ..cli import check_number
-from ..evaluation.decoding import load_translation_model
+from ..evaluation.decoding import check_model_files, load_translation_model
 from ..training.averaging import write_whole
 
 EXPORT_INFO = "hf_posenc_export.json"  # what was exported, from which model, with which CTranslate2
@@ -358,8 +358,8 @@ def export_ctranslate2(model_dir, output_dir, quantization: str | None = None, f
     if quantization is not None and quantization not in QUANTIZATIONS:
         raise ValueError(f"--quantization={quantization!r} is not known; allowed: {', '.join(QUANTIZATIONS)}")
     check_output_folder(output_dir, model_dir, force)
-    if (model_dir / "config.json").is_file():  # refuse from the config alone, before the weights are read
-        check_exportable(AutoConfig.from_pretrained(model_dir))
+    check_model_files(model_dir)  # a readable config.json of a known model type, weights and a tokenizer
+    check_exportable(AutoConfig.from_pretrained(model_dir))  # refused from the config alone, before the weights
     model, tokenizer = load_translation_model(model_dir)
     check_exportable(model.config)
     length_control_for_ctranslate2(model.generation_config, None, len(tokenizer))
