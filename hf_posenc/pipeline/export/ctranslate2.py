@@ -359,7 +359,8 @@ def export_ctranslate2(model_dir, output_dir, quantization: str | None = None, f
         raise ValueError(f"--quantization={quantization!r} is not known; allowed: {', '.join(QUANTIZATIONS)}")
     check_output_folder(output_dir, model_dir, force)
     check_model_files(model_dir)  # a readable config.json of a known model type, weights and a tokenizer
-    check_exportable(AutoConfig.from_pretrained(model_dir))  # refused from the config alone, before the weights
+    # refused from the config alone, before the weights are read
+    check_exportable(AutoConfig.from_pretrained(model_dir))
     model, tokenizer = load_translation_model(model_dir)
     check_exportable(model.config)
     length_control_for_ctranslate2(model.generation_config, None, len(tokenizer))
