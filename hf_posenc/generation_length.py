@@ -21,6 +21,16 @@ the source, per example of the batch, and are read from the generation config by
   source: the generation config's `sentence_end_token_ids`, else the model config's field of that name (which
   also turns on sentence-aware positions, sentence_positions.py); both come from `sentence_end_token_ids(tokenizer)`
   below, the one function that derives them.
+* `window_sentences` N: the source is cut after its sentence-end tokens (the ids above) into windows of N
+  consecutive sentences, each window is translated as an input of its own (all windows of the batch in one
+  `generate` call, with the other settings), and each example's window translations are joined in order: sliding-
+  window decoding that never gives the model an input longer than N sentences (Zhang, Gu, Zhang & Feng, EMNLP
+  Findings 2023, "Addressing the length bias challenge in document-level NMT"; non-overlapping windows here).
+  N = 1 is sentence-by-sentence decoding. A token after the last sentence end forms a last sentence. The
+  windows' tokens are joined as generated: with a tokenizer that marks word starts (SentencePiece, the Metaspace
+  BPE of the pipeline), a trained model starts each translation with a word start, so the text has a space
+  between windows. Only the
+  sequences are returned (`return_dict_in_generate`, several returned sequences and `inputs_embeds` are refused).
 * The loop guard is transformers' own `no_repeat_ngram_size` (`NoRepeatNGramLogitsProcessor`): when any option
   above is on and the generation config leaves `no_repeat_ngram_size` unset (None), `generate` sets it to
   `LOOP_GUARD_NGRAM_SIZE`; 0 turns the guard off explicitly.
@@ -44,12 +54,14 @@ MIN_LENGTH_RATIO = "min_length_ratio"
 WORD_REWARD = "word_reward"
 MATCH_SOURCE_SENTENCE_COUNT = "match_source_sentence_count"
 SENTENCE_END_TOKEN_IDS = "sentence_end_token_ids"
+WINDOW_SENTENCES = "window_sentences"
 # The generation-config keys read here and their defaults: every option off.
 LENGTH_CONTROL_DEFAULTS = {
     MIN_LENGTH_RATIO: None,
     WORD_REWARD: None,
     MATCH_SOURCE_SENTENCE_COUNT: False,
     SENTENCE_END_TOKEN_IDS: None,
+    WINDOW_SENTENCES: None,
 }
 # n of the loop guard: long enough that captions may share phrases ("in front of a"), short enough to stop a
 # repeated sentence (a Multi30k caption is 12-15 tokens); a choice, not measured.
@@ -124,6 +136,7 @@ class LengthControl:
     word_reward: float | None = None
     match_source_sentence_count: bool = False
     sentence_end_token_ids: tuple[int, ...] | None = None
+    window_sentences: int | None = None
 
     @property
     def active(self) -> bool:
@@ -158,17 +171,33 @@ class LengthControl:
         match = values[MATCH_SOURCE_SENTENCE_COUNT]
         if not isinstance(match, bool):
             raise key_error(MATCH_SOURCE_SENTENCE_COUNT, match, "True or False")
+        window = values[WINDOW_SENTENCES]
+        if window is not None and (isinstance(window, bool) or not isinstance(window, int) or window < 1):
+            raise key_error(WINDOW_SENTENCES, window, "a whole number >= 1 (sentences per window), or None")
         ids = checked_sentence_end_ids(values[SENTENCE_END_TOKEN_IDS], model_config)
-        if match and not ids:
+        needs = [
+            f"{key}={value!r}"
+            for key, value in ((MATCH_SOURCE_SENTENCE_COUNT, match), (WINDOW_SENTENCES, window))
+            if value
+        ]
+        if needs and not ids:
             raise key_error(
                 SENTENCE_END_TOKEN_IDS,
                 values[SENTENCE_END_TOKEN_IDS],
-                f"{MATCH_SOURCE_SENTENCE_COUNT}=True needs a non-empty list of sentence-end token ids "
+                f"{' and '.join(needs)} needs a non-empty list of sentence-end token ids "
                 "(sentence_end_token_ids(tokenizer))",
             )
         return cls(
-            None if ratio is None else float(ratio), None if reward is None else float(reward), match, ids
+            None if ratio is None else float(ratio),
+            None if reward is None else float(reward),
+            match,
+            ids,
+            window,
         )
+
+    def settings(self, **changes) -> dict:
+        """These settings as `generate`'s keyword arguments, with `changes`."""
+        return {key: getattr(self, key) for key in LENGTH_CONTROL_DEFAULTS} | changes
 
 
 def loop_guard_ngram_size(control: LengthControl, no_repeat_ngram_size: int | None) -> int | None:
@@ -272,6 +301,44 @@ def length_control_processors(
     return processors
 
 
+def sentence_windows(
+    source: torch.LongTensor, mask: torch.Tensor, sentence_end_token_ids, eos_token_id: int, size: int
+) -> tuple[list[torch.LongTensor], list[int]]:
+    """The windows of `size` consecutive sentences of each source (B, S) with its mask (B, S), each ending in
+    `eos_token_id` as a source does, and the example each window belongs to. A sentence ends after a token of
+    `sentence_end_token_ids`; `</s>` and padding are not part of any sentence."""
+    ends = torch.tensor(list(sentence_end_token_ids), device=source.device)
+    eos = source.new_tensor([eos_token_id])
+    windows, owners = [], []
+    for row, (ids, keep) in enumerate(zip(source, mask.bool(), strict=True)):
+        tokens = ids[keep & (ids != eos_token_id)]  # (n,)
+        cuts = (torch.isin(tokens, ends).nonzero().flatten() + 1).tolist()  # after each sentence end
+        bounds = [0, *(cut for cut in cuts if cut < len(tokens)), len(tokens)]
+        starts = bounds[:-1:size] if len(bounds) > 1 else [0]
+        for index, start in enumerate(starts):
+            stop = bounds[min(index * size + size, len(bounds) - 1)]
+            windows.append(torch.cat([tokens[start:stop], eos]))
+            owners.append(row)
+    return windows, owners
+
+
+def join_windows(
+    outputs: torch.LongTensor, owners: list[int], rows: int, eos_token_id: int, pad_token_id: int
+) -> torch.LongTensor:
+    """Each example's window translations (W, T), in order, as one sequence: the decoder's start token, every
+    window's tokens without start, `</s>` and padding, and `</s>` where the example's last window ended with it;
+    (rows, T') padded with `pad_token_id`."""
+    pieces: list[list[torch.LongTensor]] = [[outputs[owners.index(row), :1]] for row in range(rows)]
+    ended = [False] * rows
+    for output, row in zip(outputs, owners, strict=True):
+        body = output[1:]
+        pieces[row].append(body[(body != eos_token_id) & (body != pad_token_id)])
+        ended[row] = bool((body == eos_token_id).any())
+    eos = outputs.new_tensor([eos_token_id])
+    joined = [torch.cat([*parts, eos] if done else parts) for parts, done in zip(pieces, ended, strict=True)]
+    return torch.nn.utils.rnn.pad_sequence(joined, batch_first=True, padding_value=pad_token_id)  # (rows, T')
+
+
 class LengthControlGenerationMixin:
     """The translation model's `generate` (mixed into `MarianPosEncForConditionalGeneration` ahead of
     `GenerationMixin`, whose `generate` it wraps): the source-tied budget and the length control above, read from
@@ -293,6 +360,8 @@ class LengthControlGenerationMixin:
             if generation_config is not None
             else "in the model's generation config (generation_config.json of a saved model)",
         )
+        if control.window_sentences is not None:
+            return self.generate_in_windows(control, inputs, generation_config, logits_processor, kwargs)
         over_source = getattr(settings, "max_new_tokens_over_source", None)
         source = inputs if inputs is not None else kwargs.get("input_ids")
         if (
@@ -326,3 +395,42 @@ class LengthControlGenerationMixin:
             control, source, mask, eos, prompt_length=1 if prompt is None else prompt.shape[-1]
         )
         return LogitsProcessorList([*(logits_processor or []), *processors])
+
+    def generate_in_windows(self, control, inputs, generation_config, logits_processor, kwargs):
+        """`generate` under `window_sentences` (module docstring): the windows of every example in one call with
+        the other settings, joined per example."""
+        settings = generation_config or self.generation_config
+        source = inputs if inputs is not None else kwargs.pop("input_ids", None)
+        unsupported = {
+            "inputs_embeds": kwargs.get("inputs_embeds") is not None,
+            "decoder_input_ids": kwargs.get("decoder_input_ids") is not None,
+            "return_dict_in_generate": kwargs.get(
+                "return_dict_in_generate", settings.return_dict_in_generate
+            ),
+            "num_return_sequences > 1": (
+                kwargs.get("num_return_sequences", settings.num_return_sequences) or 1
+            )
+            > 1,
+        }
+        refused = [name for name, given in unsupported.items() if given]
+        if source is None or source.dtype.is_floating_point or refused:
+            raise ValueError(
+                f"window_sentences={control.window_sentences} cuts the source token ids into windows and returns "
+                f"the joined sequences: pass input_ids, without {', '.join(refused or ['inputs_embeds'])}"
+            )
+        mask = kwargs.pop("attention_mask", None)
+        pad, eos = self.config.pad_token_id, self.config.eos_token_id
+        mask = mask if mask is not None else source != pad  # (B, S)
+        windows, owners = sentence_windows(
+            source, mask, control.sentence_end_token_ids, eos, control.window_sentences
+        )
+        batch = torch.nn.utils.rnn.pad_sequence(windows, batch_first=True, padding_value=pad)  # (W, S')
+        outputs = self.generate(
+            batch,
+            generation_config=generation_config,
+            logits_processor=logits_processor,
+            attention_mask=(batch != pad).long(),
+            **control.settings(window_sentences=None),
+            **kwargs,
+        )  # (W, T)
+        return join_windows(outputs, owners, source.shape[0], eos, pad)

@@ -258,8 +258,8 @@ def execute_decoding(run: Run, args) -> str:
 def generate_settings(run: Run, tokenizer) -> dict:
     """A run's generation settings: none of its own for a trained row; a decode-time row's, with a
     `min_length_ratio` of `TRAINING_RATIO` measured on the training pairs of its recipe and pair with the model's
-    tokenizer, as train.py --length_control measures it, and with `match_source_sentence_count` the tokenizer's
-    sentence ends, as train.py saves them (docs/length.md)."""
+    tokenizer, as train.py --length_control measures it, and with `match_source_sentence_count` or
+    `window_sentences` the tokenizer's sentence ends, as train.py saves them (docs/length.md)."""
     decoding = DECODING.get(run.system)
     if decoding is None:
         return {}
@@ -271,7 +271,7 @@ def generate_settings(run: Run, tokenizer) -> dict:
             [len(ids) for ids in tokenizer(texts)["input_ids"]] for texts in (pairs.source, pairs.target)
         ]
         settings["min_length_ratio"] = measure_min_length_ratio(*lengths)
-    if settings.get("match_source_sentence_count"):
+    if settings.get("match_source_sentence_count") or settings.get("window_sentences"):
         settings["sentence_end_token_ids"] = sentence_end_token_ids(tokenizer)
     return settings
 

@@ -79,12 +79,15 @@ ROPE_SCALINGS = {
 # loop guard they turn on.
 TRAINING_RATIO = "measured on the training pairs"
 LENGTH_CONTROL = {"min_length_ratio": TRAINING_RATIO, "match_source_sentence_count": True}
+# Windowed decoding (docs/length.md): no input longer than the 4 joined sentences of the longest training examples.
+WINDOWS = {"window_sentences": 4}
 
 
 def length_option_rows(base: str) -> dict[str, Row]:
-    """The length options on `base`+concat4: one row each (name suffix -> row), and the combination of the
+    """The length options on `base`+concat4: one row each (name suffix -> row), the combination of the
     training-time option that addresses where a translation is (sentence-aware positions) with the decode-time one
-    that addresses when it stops (length control)."""
+    that addresses when it stops (length control), and windowed decoding, which keeps every input within the
+    training length."""
     positions = {**EXTRAPOLATION_POSITIONS}
     sites = ["encoder_self_attention", "decoder_self_attention", "cross_attention"]
     sentences = {**positions, "sentence_cross_attention_bias": True}, {**CONCAT4, "sentence_positions": True}
@@ -97,6 +100,9 @@ def length_option_rows(base: str) -> dict[str, Row]:
         ),
         "+sentences+length-control": Row(
             base, *sentences, EXTRAPOLATION_K, Decoding(f"{base}+concat4+sentences", generate=LENGTH_CONTROL)
+        ),
+        "+windows4": Row(
+            base, positions, CONCAT4, EXTRAPOLATION_K, Decoding(f"{base}+concat4", generate=WINDOWS)
         ),
     }
 

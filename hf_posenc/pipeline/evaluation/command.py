@@ -33,9 +33,9 @@ A CTranslate2 folder written by train_scripts/export_ctranslate2.py (it holds mo
 decoded with CTranslate2 on the CPU (`--threads` threads) with the generation config saved in it, in the weight
 type it was exported in (--precision must stay auto; docs/export.md).
 
---min_length_ratio, --word_reward, --match_source_sentence_count and --no_repeat_ngram_size override the
-saved decode-time length control (docs/length.md, "Length control at decode time"); a CTranslate2 export refuses
-the word reward and the sentence count by name.
+--min_length_ratio, --word_reward, --match_source_sentence_count, --no_repeat_ngram_size and --window_sentences
+override the saved decode-time length control (docs/length.md, "Length control at decode time"); a CTranslate2
+export refuses the word reward, the sentence count and windows by name.
 
 Every flag, file and folder is checked before decoding: counts (--batch_size, --num_beams, --threads,
 --bootstrap_samples) must be at least 1, --length_penalty a finite number; the model folder, the text files
@@ -49,6 +49,7 @@ LENGTH_CONTROL_FLAGS = (
     "word_reward",
     "match_source_sentence_count",
     "no_repeat_ngram_size",
+    "window_sentences",
 )
 
 
@@ -75,6 +76,12 @@ def add_length_control_flags(parser) -> None:
     group.add_argument(
         "--no_repeat_ngram_size", type=int, default=None, help="the loop guard: no n-gram twice (0: off)"
     )
+    group.add_argument(
+        "--window_sentences",
+        type=int,
+        default=None,
+        help="N >= 1: translate each source in windows of N sentences, joined (1: sentence by sentence)",
+    )
 
 
 def length_control_flags(args) -> dict:
@@ -94,6 +101,8 @@ def check_length_control_flags(args) -> None:
         check_number("--word_reward", args.word_reward)
     if args.no_repeat_ngram_size is not None:
         check_number("--no_repeat_ngram_size", args.no_repeat_ngram_size, minimum=0, integer=True)
+    if args.window_sentences is not None:
+        check_number("--window_sentences", args.window_sentences, minimum=1, integer=True)
 
 
 def check_flags(parser, args) -> None:
@@ -200,17 +209,23 @@ def decode_with_ctranslate2(args, model_dir: Path, sources: list[str]) -> tuple[
 
 
 def sentence_ends_for_the_count(overrides: dict, model, tokenizer) -> dict:
-    """`--match_source_sentence_count true` on a model that saved no sentence-end ids (neither its generation config
-    nor its config, trained without --length_control or --sentence_positions): the tokenizer's, as train.py
-    derives them (`sentence_end_token_ids`); else nothing. An error where the tokenizer has none."""
+    """`--match_source_sentence_count true` or `--window_sentences` on a model that saved no sentence-end ids
+    (neither its generation config nor its config, trained without --length_control or --sentence_positions): the
+    tokenizer's, as train.py derives them (`sentence_end_token_ids`); else nothing. An error where the tokenizer
+    has none."""
     saved = getattr(model.generation_config, "sentence_end_token_ids", None)
     saved = saved or getattr(model.config, "sentence_end_token_ids", None)
-    if not overrides.get("match_source_sentence_count") or saved:
+    flags = [
+        f"--{flag} {str(overrides[flag]).lower()}"
+        for flag in ("match_source_sentence_count", "window_sentences")
+        if overrides.get(flag)
+    ]
+    if not flags or saved:
         return {}
     if not (ends := sentence_end_token_ids(tokenizer)):
         raise ValueError(
-            "--match_source_sentence_count true: the tokenizer has no token that ends a sentence (., !, ? or one "
-            "ending in them) to count"
+            f"{', '.join(flags)}: the tokenizer has no token that ends a sentence (., !, ? or one ending in them) "
+            "to cut at"
         )
     return {"sentence_end_token_ids": ends}
 

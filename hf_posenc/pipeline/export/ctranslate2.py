@@ -44,6 +44,7 @@ from transformers import AutoConfig
 from ...base import DECODER, ENCODER, STACKS
 from ...generation_length import (
     MATCH_SOURCE_SENTENCE_COUNT,
+    WINDOW_SENTENCES,
     WORD_REWARD,
     LengthControl,
     loop_guard_ngram_size,
@@ -74,6 +75,8 @@ LENGTH_CONTROL_REFUSALS = {
     "and repetition_penalty only",
     MATCH_SOURCE_SENTENCE_COUNT: "CTranslate2 cannot hold </s> back until a hypothesis holds its source's sentence "
     "ends: its only </s> constraint is one min_decoding_length per batch",
+    WINDOW_SENTENCES: "CTranslate2 decodes each input whole: give it the windows of sentences as inputs of their "
+    "own and join their translations",
 }
 # config.activation_function -> the name of CTranslate2's `common_spec.Activation` member computing the same
 # function (GELU: erf form; GELUTanh: the tanh approximation; SWISH: x * sigmoid(x)).

@@ -66,12 +66,33 @@ def test_the_sentence_count_flag_takes_the_tokenizers_sentence_ends_where_the_mo
     assert all(hypotheses(folder, tmp_path, "--match_source_sentence_count", "true"))
 
 
+def test_the_window_flag_translates_each_sentence_window_on_its_own(tmp_path, tiny_model):
+    """`--window_sentences 1` on a model that saved no sentence-end ids cuts at the tokenizer's: each source's
+    translation is its sentences' translations, each made alone, joined."""
+    sources = ["a dog runs . a man sits .", "two dogs run . children play ."]
+    sentences = ["a dog runs .", "a man sits .", "two dogs run .", "children play ."]
+    folder = tmp_path / "model"
+    tiny_model(max_position_embeddings=256).save_pretrained(folder)
+    train_joint_bpe(sources * 3, vocab_size=60).save_pretrained(folder)
+    for name, texts in (("test", sources), ("sentences", sentences)):
+        for language in ("en", "de"):
+            (tmp_path / f"{name}.{language}").write_text("\n".join(texts) + "\n")
+    windowed = hypotheses(folder, tmp_path, "--window_sentences", "1", "--num_beams", "1")
+    flags = ["--source", str(tmp_path / "sentences.en"), "--reference", str(tmp_path / "sentences.de")]
+    evaluate_main([str(folder), *flags, "--precision", "fp32", "--threads", "1", "--num_beams", "1"])
+    alone = [text.replace(" ", "") for text in (folder / "evaluation.hyp").read_text().split("\n")[:-1]]
+    # the windows' tokens are joined as generated: a random model need not start a translation with a word
+    # start, so the words are compared without the spaces between them
+    assert [text.replace(" ", "") for text in windowed] == ["".join(alone[:2]), "".join(alone[2:])]
+
+
 LENGTH_CONTROL_FAULTS = {
     "ratio-negative": ("--min_length_ratio -1", ["--min_length_ratio=-1.0 must be at least 0"]),
     "ratio-nan": ("--min_length_ratio nan", ["--min_length_ratio=nan must be a finite number"]),
     "reward-inf": ("--word_reward inf", ["--word_reward=inf must be a finite number"]),
     "ngram-negative": ("--no_repeat_ngram_size -1", ["--no_repeat_ngram_size=-1 must be at least 0"]),
     "sentence-count-yes": ("--match_source_sentence_count yes", ["invalid choice: 'yes'"]),
+    "window-zero": ("--window_sentences 0", ["--window_sentences=0 must be at least 1"]),
     "with-hypotheses": (
         "--hypotheses {t}/test.de --word_reward 0.5",
         ["--word_reward set decoding, but --hypotheses scores translations without decoding"],

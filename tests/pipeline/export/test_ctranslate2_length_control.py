@@ -85,6 +85,7 @@ def test_the_loop_guard_and_the_minimum_map_onto_translate_batch_options(tiny_mo
     [
         ("word_reward", 0.5, ["word_reward=0.5", "no per-word reward"]),
         ("match_source_sentence_count", True, ["match_source_sentence_count=True", "sentence ends"]),
+        ("window_sentences", 2, ["window_sentences=2", "decodes each input whole"]),
     ],
 )
 def test_what_ctranslate2_cannot_express_is_refused_by_name(
