@@ -225,6 +225,14 @@ ABLATION_ROWS: dict[str, dict[str, Row | None]] = {
             )
             for kind, scaling in ROPE_SCALINGS.items()
         },
+        # windowed decoding on the reference of the rule's k = 1 non-inferiority (docs/length.md)
+        "sinusoidal+concat4+windows4": Row(
+            "sinusoidal",
+            EXTRAPOLATION_POSITIONS,
+            CONCAT4,
+            EXTRAPOLATION_K,
+            Decoding("sinusoidal+concat4", generate=WINDOWS),
+        ),
     },
 }
 
