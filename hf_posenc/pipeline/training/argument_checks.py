@@ -83,6 +83,7 @@ def check_numbers(args: "Arguments") -> None:
         "--heads": (model.heads, 1),
         "--ffn_dim": (model.ffn_dim, 1),
         "--num_beams": (model.num_beams, 1),
+        "--window_sentences": (model.window_sentences, 1),
         "--gradient_accumulation_steps": (training.gradient_accumulation_steps, 1),
         "--save_steps": (training.save_steps, 1),
         "--eval_steps": (training.eval_steps, 1),
@@ -142,8 +143,8 @@ def check_hub(args: "Arguments") -> None:
 def check_combinations(args: "Arguments", fields: dict, flags: dict) -> None:
     """Settings that contradict one another, or one that the rest would silently ignore: a validation or test
     file without its other side; `--architecture stock_marian` (MarianMTModel: sinusoids, content attention,
-    transformers' own generate) with a module choice, a MarianPosEnc config field, `--sentence_positions` or
-    `--length_control`; `--sentence_positions` (the tokenizer's sentence ends) with sentence_end_token_ids in
+    transformers' own generate) with a module choice, a MarianPosEnc config field, `--sentence_positions`,
+    `--length_control` or `--window_sentences`; `--sentence_positions` (the tokenizer's sentence ends) with sentence_end_token_ids in
     --config_overrides. `fields`: the config fields set (`model_fields`), `flags`: the flag of each."""
     data, model = args.data, args.model
     for split in ("valid", "test"):
@@ -157,7 +158,8 @@ def check_combinations(args: "Arguments", fields: dict, flags: dict) -> None:
         ignored = [
             flags[key] for key in set_here if key != "sentence_end_token_ids" or not model.sentence_positions
         ]
-        ignored += [f"--{flag}" for flag in ("sentence_positions", "length_control") if getattr(model, flag)]
+        decoding = ("sentence_positions", "length_control", "window_sentences")
+        ignored += [f"--{flag}" for flag in decoding if getattr(model, flag)]
         if ignored:
             raise ValueError(
                 f"--architecture stock_marian trains transformers' MarianMTModel, which has none of "

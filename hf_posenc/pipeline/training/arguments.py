@@ -259,6 +259,14 @@ class ModelArguments:
             "before the source's sentence count, with the loop guard they turn on"
         },
     )
+    window_sentences: int | None = field(
+        default=None,
+        metadata={
+            "help": "windowed decoding saved in the generation config (docs/length.md): each source translated in "
+            "windows of N sentences (the tokenizer's sentence ends), joined; N: the sentences of the longest "
+            "training examples"
+        },
+    )
 
 
 # The recipe keys that shape a model from scratch: a pretrained model brings its own, so with --model_name_or_path

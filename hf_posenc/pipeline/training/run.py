@@ -181,23 +181,38 @@ def pretrained_model(args: Arguments, data: PreparedData):
     return load_pretrained(args.model.model_name_or_path, fields, args.model.architecture)
 
 
-def length_control(args: Arguments, data: PreparedData) -> dict:
-    """With --length_control, the generation-config settings that turn it on (docs/length.md): r measured on the
-    training examples as tokenized, the source's sentence count with the tokenizer's sentence ends."""
-    if not args.model.length_control:
+def decode_time_settings(args: Arguments, data: PreparedData) -> dict:
+    """The generation-config settings of --length_control (r measured on the training examples as tokenized, the
+    source's sentence count) and --window_sentences, with the tokenizer's sentence ends (docs/length.md)."""
+    model = args.model
+    if not (model.length_control or model.window_sentences):
         return {}
+    flags = " and ".join(
+        flag
+        for flag, on in (
+            ("--length_control", model.length_control),
+            ("--window_sentences", model.window_sentences),
+        )
+        if on
+    )
     ends = sentence_end_token_ids(data.tokenizer)
     if not ends:
         raise ValueError(
-            "--length_control: the tokenizer has no token that ends a sentence (., !, ? or one ending in them)"
+            f"{flags}: the tokenizer has no token that ends a sentence (., !, ? or one ending in them)"
         )
-    ratio = measure_min_length_ratio(
-        list_lengths(data.train, "input_ids"), list_lengths(data.train, "labels")
-    )
-    logger.info(
-        "length control: min_length_ratio = %.3f (5%% quantile of the training pairs' target/source)", ratio
-    )
-    return {"min_length_ratio": ratio, "match_source_sentence_count": True, "sentence_end_token_ids": ends}
+    settings = {"sentence_end_token_ids": ends}
+    if model.window_sentences:
+        settings["window_sentences"] = model.window_sentences
+    if model.length_control:
+        ratio = measure_min_length_ratio(
+            list_lengths(data.train, "input_ids"), list_lengths(data.train, "labels")
+        )
+        logger.info(
+            "length control: min_length_ratio = %.3f (5%% quantile of the training pairs' target/source)",
+            ratio,
+        )
+        settings.update(min_length_ratio=ratio, match_source_sentence_count=True)
+    return settings
 
 
 def build_model(args: Arguments, data: PreparedData):
@@ -214,7 +229,7 @@ def build_model(args: Arguments, data: PreparedData):
         model, config = new_model(args, data, pad, eos)
     generation = {"num_beams": args.model.num_beams, "length_penalty": args.model.length_penalty}
     model.generation_config.update(
-        **{k: v for k, v in generation.items() if v is not None}, **length_control(args, data)
+        **{k: v for k, v in generation.items() if v is not None}, **decode_time_settings(args, data)
     )
     device = args.training.device.type
     tokens = min(args.data.max_tokens or 512, 512)

@@ -76,6 +76,8 @@ BAD_FLAGS = [
     ),
     (["--architecture", "stock_marian", "--sentence_positions"], ["which has none of --sentence_positions"]),
     (["--architecture", "stock_marian", "--length_control"], ["which has none of --length_control"]),
+    (["--architecture", "stock_marian", "--window_sentences", "4"], ["which has none of --window_sentences"]),
+    (["--window_sentences", "0"], ["--window_sentences=0 must be at least 1"]),
     (
         ["--sentence_positions", "--config_overrides", '{"sentence_end_token_ids": [5]}'],
         ["--sentence_positions takes the tokenizer's sentence-end tokens", "sentence_end_token_ids=[5] too"],

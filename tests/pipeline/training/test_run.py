@@ -302,11 +302,10 @@ def test_sentence_positions_take_the_tokenizers_sentence_ends_into_the_saved_con
     assert run.data_config(args, 400, 0, 1, train=None).sentence_end_token_ids == []
 
 
-def test_length_control_saves_the_training_ratio_and_the_sentence_count_in_the_generation_config(
-    tmp_path, tiny_run_flags
-):
+def test_length_control_and_windows_are_saved_in_the_generation_config(tmp_path, tiny_run_flags):
     """`--length_control`: the saved generation config turns length control on (docs/length.md) with r measured on
-    the run's training examples; without it nothing is on."""
+    the run's training examples; `--window_sentences 4` saves windows with the tokenizer's sentence ends; without
+    them nothing is on."""
     from transformers import GenerationConfig
 
     flags = [*tiny_run_flags(), *TWO_UPDATES]
@@ -317,3 +316,8 @@ def test_length_control_saves_the_training_ratio_and_the_sentence_count_in_the_g
     run.main([*flags, "--output_dir", str(tmp_path / "plain")])
     plain = GenerationConfig.from_pretrained(tmp_path / "plain")
     assert plain.min_length_ratio is None and plain.match_source_sentence_count is False
+    assert plain.window_sentences is None
+    run.main([*flags, "--window_sentences", "4", "--output_dir", str(tmp_path / "windows")])
+    windows = GenerationConfig.from_pretrained(tmp_path / "windows")
+    assert windows.window_sentences == 4 and windows.sentence_end_token_ids == saved.sentence_end_token_ids
+    assert windows.min_length_ratio is None  # windows alone: no length control
