@@ -1,8 +1,9 @@
-"""Decoding speed and BLEU of `generate` against its CTranslate2 exports (fp32, int8) on a trained model, CPU.
+"""Decoding speed and BLEU of `generate` against the fast loop and the CTranslate2 exports (fp32, int8), CPU.
 
 Translates the test set (Multi30k test_2016_flickr En->De by default, 1000 sentences) with the model's saved
 generation config (beam 4, length penalty 0.6, source length + 50) at 1 thread and at all cores: `generate`
-(torch fp32, `evaluation.translate`) and CTranslate2 (`CTranslate2Model.translate`) with float32 and int8
+(torch fp32, `evaluation.translate` with `fast_decoding=False`), the fast loop (fast_decoding.py, the same
+with `fast_decoding=True`) and CTranslate2 (`CTranslate2Model.translate`) with float32 and int8
 weights. Threads are pinned for both (torch.set_num_threads, CTranslate2's intra_threads; one translation at a
 time). Reports sentences/s, the speed-up over `generate` at the same thread count, BLEU (sacreBLEU 13a) and how
 many lines equal `generate`'s, as a markdown table that replaces the measured section of docs/export.md
@@ -54,8 +55,11 @@ def measure(model_dir: Path, sources, references, threads: list[int], batch_size
             torch.set_num_threads(count)
             runs = {
                 "HF generate (torch fp32)": lambda: translate(
-                    model, tokenizer, sources, batch_size=batch_size
-                )
+                    model, tokenizer, sources, batch_size=batch_size, fast_decoding=False
+                ),
+                "fast loop (torch fp32)": lambda: translate(
+                    model, tokenizer, sources, batch_size=batch_size, fast_decoding=True
+                ),
             }
             for name, folder in folders.items():
                 export = CTranslate2Model.load(folder, threads=count)

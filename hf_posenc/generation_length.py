@@ -48,6 +48,7 @@ import torch
 from transformers import LogitsProcessor, LogitsProcessorList
 
 from .base import is_number
+from .fast_decoding import FAST_DECODING, fast_generate, resolved_settings
 from .model_checks import check_generation_settings
 
 MIN_LENGTH_RATIO = "min_length_ratio"
@@ -223,8 +224,15 @@ class SourceTiedEosBlock(LogitsProcessor):
         self.eos_token_ids = torch.tensor(eos_token_ids, dtype=torch.long)
         self.prompt_length = prompt_length
 
+    per_example = "min_lengths"  # the attribute holding one value per example, (B,)
+
     def blocked(self, hypotheses: torch.LongTensor) -> torch.Tensor:  # (rows,) bool
         raise NotImplementedError
+
+    def keep_examples(self, examples: torch.LongTensor) -> None:
+        """Keep the values of `examples` only, in their order (the fast loop drops finished examples)."""
+        values = getattr(self, self.per_example)
+        setattr(self, self.per_example, values[examples.to(values.device)])
 
     def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
         eos = self.eos_token_ids.to(scores.device)
@@ -252,6 +260,8 @@ class MinLengthRatioLogitsProcessor(SourceTiedEosBlock):
 class SentenceCountLogitsProcessor(SourceTiedEosBlock):
     """No `</s>` before a hypothesis holds `source_counts` sentence-end tokens, per example."""
 
+    per_example = "source_counts"
+
     def __init__(self, source_counts, sentence_end_token_ids, eos_token_ids, prompt_length: int):
         super().__init__(eos_token_ids, prompt_length)
         self.source_counts = source_counts  # (B,)
@@ -268,6 +278,9 @@ class WordRewardLogitsProcessor(LogitsProcessor):
     def __init__(self, reward: float, eos_token_ids: list[int]):
         self.reward = reward
         self.eos_token_ids = torch.tensor(eos_token_ids, dtype=torch.long)
+
+    def keep_examples(self, examples: torch.LongTensor) -> None:
+        """Nothing per example (the fast loop's compaction)."""
 
     def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
         bonus = torch.full(scores.shape[-1:], self.reward, dtype=scores.dtype, device=scores.device)  # (V,)
@@ -372,9 +385,21 @@ class LengthControlGenerationMixin:
             kwargs["max_new_tokens"] = source.shape[-1] + over_source
         if control.active:
             logits_processor = self.length_control(control, settings, source, logits_processor, kwargs)
+        if kwargs.pop(FAST_DECODING, getattr(settings, FAST_DECODING, False)):
+            return self.generate_fast(source, settings, logits_processor, kwargs)
         return super().generate(
             inputs, generation_config=generation_config, logits_processor=logits_processor, **kwargs
         )
+
+    def generate_fast(self, source, settings, logits_processor, kwargs) -> torch.LongTensor:
+        """`generate` through the fast decoding loop (fast_decoding.py), for the settings it serves."""
+        if source is None or source.dtype.is_floating_point:
+            raise ValueError("fast_decoding needs the source token ids: pass input_ids, not inputs_embeds")
+        kwargs.pop("input_ids", None)
+        mask = kwargs.get("attention_mask")
+        mask = mask if mask is not None else (source != self.config.pad_token_id).long()  # (B, S)
+        resolved = resolved_settings(settings, kwargs, self.config)
+        return fast_generate(self, source, mask, resolved, LogitsProcessorList(logits_processor or []))
 
     def length_control(self, control, settings, source, logits_processor, kwargs) -> LogitsProcessorList:
         """`logits_processor` with the processors of `control` for the batch `source` appended; sets the loop

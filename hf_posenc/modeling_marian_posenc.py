@@ -528,6 +528,9 @@ class MarianPosEncForConditionalGeneration(
             default,
         ) in LENGTH_CONTROL_DEFAULTS.items():  # off; `generate` reads them (generation_length.py)
             setattr(self.generation_config, key, default)
+        self.generation_config.fast_decoding = (
+            False  # transformers' loop unless switched on (fast_decoding.py)
+        )
         self.generation_config._from_model_config = False  # a deliberate config: keep it on save/load
 
     def save_pretrained(self, *args, **kwargs):

@@ -16,7 +16,7 @@ import torch
 import hf_posenc.modeling_marian_posenc
 from benchmarks.systems import conformance_variants
 from hf_posenc import POSITION_ENCODINGS, TOKEN_MIXERS
-from tests.helpers import PAD, VOCAB, decode_with_cache
+from tests.helpers import EOS, PAD, VOCAB, decode_with_cache
 
 VARIANTS = conformance_variants()
 VARIANT_IDS = [variant_id for variant_id, _ in VARIANTS]
@@ -146,6 +146,25 @@ def test_beam_search_scores_are_identical_with_and_without_cache(overrides, sour
         finite = torch.isfinite(step_uncached)
         assert torch.equal(finite, torch.isfinite(step_cached))
         torch.testing.assert_close(step_cached[finite], step_uncached[finite], atol=1e-4, rtol=1e-4)
+
+
+@parametrize_variants
+@pytest.mark.parametrize("num_beams", [1, 4])
+def test_fast_decoding_returns_generates_sequences(num_beams, overrides, source_batch, tiny_model):
+    """The fast loop (fast_decoding.py) against transformers' loop, greedy and beam 4: `</s>` is favoured and held
+    back until ⌈1.0 · |x|⌉ tokens (`min_length_ratio`, with its loop guard), so the rows (11, 9 and 7 source tokens)
+    finish at different steps and finished examples leave the fast loop's batch."""
+    model = tiny_model(**overrides)
+    with torch.no_grad():
+        model.final_logits_bias[0, EOS] += 3.0
+        model.get_input_embeddings().weight.mul_(
+            8.0
+        )  # each row's tokens, not the shared weights, decide its output
+    src, mask = source_batch()
+    kwargs = dict(attention_mask=mask, max_new_tokens=14, num_beams=num_beams, length_penalty=0.6)
+    kwargs["min_length_ratio"] = 1.0
+    expected = model.generate(src, **kwargs)
+    assert torch.equal(model.generate(src, fast_decoding=True, **kwargs), expected)
 
 
 @parametrize_variants

@@ -111,7 +111,8 @@ def translate(
     config unless given in `generate_kwargs` (`check_decoding_settings` refuses NaN and counts below 1). Under
     `bf16` decoding runs in bf16 autocast. Progress (sentences done/total) goes to a tqdm bar when
     `progress_stream` (default stderr) is a terminal and `progress_bar` is on, else to log lines every
-    `progress_every_seconds`.
+    `progress_every_seconds`. hf_posenc's models decode through the fast loop (`fast_decoding=True`, token-identical
+    to transformers' loop; fast_decoding.py) unless `generate_kwargs` say `fast_decoding=False`.
 
     With `split_sentences`, every source text is cut into its sentences (`split_sentences`), the sentences of all
     texts are translated as one set, and each text's translations are joined with a space in their order: a
@@ -158,6 +159,10 @@ def generate_batch(model, tokenizer, chunk: list, bf16: bool, generate_kwargs: d
         batch = tokenizer(chunk, return_tensors="pt", padding=True)
     else:
         batch = tokenizer.pad({"input_ids": [list(ids) for ids in chunk]}, return_tensors="pt")
+    if hasattr(
+        model, "generate_fast"
+    ):  # hf_posenc's models: the fast loop, token-identical (fast_decoding.py)
+        generate_kwargs = {"fast_decoding": True, **generate_kwargs}
     with torch.autocast(device_type=model.device.type, dtype=torch.bfloat16, enabled=bf16):
         generated = model.generate(**batch.to(model.device), **generate_kwargs)
     return tokenizer.batch_decode(generated, skip_special_tokens=True)

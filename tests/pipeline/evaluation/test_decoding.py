@@ -9,6 +9,8 @@ import math
 import pytest
 import torch
 
+import hf_posenc.generation_length as generation_length
+from hf_posenc import fast_decoding
 from hf_posenc.pipeline.evaluation.decoding import load_translation_model, translate
 from tests.helpers import SOURCES
 
@@ -127,3 +129,18 @@ def test_split_sentences_translates_each_sentence_alone_and_joins_them_in_order(
     assert joined == [" ".join(alone)]
     with pytest.raises(ValueError, match="split_sentences=True needs source texts"):
         translate(model, tokenizer, [[5, 6, 1]], split_sentences=True)
+
+
+def test_translate_decodes_through_the_fast_loop_unless_told_not_to(model_dir, monkeypatch):
+    """The pipeline's one decoding loop switches the fast loop on (fast_decoding.py) for hf_posenc's models, with
+    the same translations as transformers' loop; `fast_decoding=False` turns it off."""
+    model, tokenizer = load_translation_model(model_dir)
+    calls = []
+    loop = fast_decoding.fast_generate
+    monkeypatch.setattr(fast_decoding, "fast_generate", lambda *args: calls.append(1) or loop(*args))
+    monkeypatch.setattr(generation_length, "fast_generate", fast_decoding.fast_generate)
+    fast = translate(model, tokenizer, SOURCES, batch_size=4, progress_bar=False)
+    assert calls and fast == translate(
+        model, tokenizer, SOURCES, batch_size=4, progress_bar=False, fast_decoding=False
+    )
+    assert len(calls) == math.ceil(len(SOURCES) / 4)  # the second translate did not use it
