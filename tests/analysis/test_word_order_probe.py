@@ -99,7 +99,8 @@ def test_the_probe_decodes_with_the_saved_generation_config_unless_told(
 ):
     """One decoding loop (`pipeline.evaluation.decoding.translate`): the probe passes on the caller's settings
     and nothing of its own, so without settings `generate` gets the model's saved ones (beam 4, source length +
-    50), and it hands over token ids (the permuted sources) without tokenising them again."""
+    50) and the loop's switch to the fast decoding loop (token-identical), and it hands over token ids (the
+    permuted sources) without tokenising them again."""
     assert probe_module.translate is decoding.translate
     model = tiny_model()
     calls = []
@@ -111,10 +112,10 @@ def test_the_probe_decodes_with_the_saved_generation_config_unless_told(
 
     monkeypatch.setattr(model, "generate", recording_generate)
     word_order_probe(model, toy_tokenizer, SENTENCES, num_permutations=1, kinds=["local_swap"])
-    assert calls == [[], []]  # the originals, then the permuted sources: the saved config alone
+    assert calls == [["fast_decoding"]] * 2  # the originals, then the permuted sources: the saved config
     calls.clear()
     word_order_probe(model, toy_tokenizer, SENTENCES, num_permutations=1, kinds=["local_swap"], num_beams=1)
-    assert calls == [["num_beams"], ["num_beams"]]
+    assert calls == [["fast_decoding", "num_beams"]] * 2
 
 
 def test_cli_passes_only_the_decoding_flags_given(toy_tokenizer, tmp_path, monkeypatch, capsys, tiny_model):
