@@ -17,7 +17,7 @@ setting that differs from transformers' default is refused by name (`fast_decodi
 """
 
 import torch
-from transformers import GenerationConfig, LogitsProcessorList
+from transformers import DynamicCache, GenerationConfig, LogitsProcessorList
 from transformers.generation.logits_process import (
     ForcedEOSTokenLogitsProcessor,
     NoBadWordsLogitsProcessor,
@@ -93,8 +93,6 @@ class Decoder:
     def __init__(self, model, encoder_outputs, source_mask):
         self.model, self.encoder_outputs, self.source_mask = model, encoder_outputs, source_mask
         config = model.config
-        from transformers import DynamicCache
-
         self.cache = BeamCache(DynamicCache(config=config), DynamicCache(config=config))
 
     def select(self, rows: torch.LongTensor) -> None:
