@@ -58,13 +58,21 @@ SERVED = {
     "top_h",
 }
 NEG = -1.0e9  # transformers' score of a beam that must not be chosen
+# Keyword arguments of `generate` that the loop takes besides generation settings: the source and its mask.
+INPUTS = {"attention_mask", "input_ids"}
 
 
 def fast_decoding_refusals(settings: GenerationConfig, kwargs: dict) -> list[str]:
     """`key=value` of each generation setting of `settings` or `kwargs` (the call's) that the loop does not serve:
     a value other than transformers' default (and other than None or False, which turn a setting off) for a key
-    outside `SERVED`, or a served key's unserved value."""
+    outside `SERVED`, or a served key's unserved value; and each other keyword argument (`encoder_outputs`,
+    `streamer`, ...) but the source and its mask."""
     defaults = GenerationConfig().to_dict()
+    others = [
+        f"{key}=..."
+        for key, value in kwargs.items()
+        if key not in defaults and key not in INPUTS and value is not None
+    ]
     values = {**settings.to_dict(), **{key: value for key, value in kwargs.items() if key in defaults}}
     refused = [
         f"{key}={value!r}"
@@ -73,7 +81,7 @@ def fast_decoding_refusals(settings: GenerationConfig, kwargs: dict) -> list[str
     ]
     if any(len(words) != 1 for words in values.get("bad_words_ids") or []):
         refused.append(f"bad_words_ids={values['bad_words_ids']!r} (only single tokens)")
-    return refused
+    return refused + others
 
 
 class BeamCache(PosEncCache):
@@ -321,21 +329,11 @@ def update_finished(beams: Beams, scores, candidates, finishing, cur_len: int, s
     beams.done = gather_beams(torch.cat((beams.done, finishing), dim=1), best)
 
 
-# Keyword arguments of `generate` that the loop takes besides generation settings: the source and its mask.
-INPUTS = {"attention_mask", "input_ids"}
-
-
 def resolved_settings(settings: GenerationConfig, kwargs: dict, model_config) -> dict:
     """The served settings of one call, each from `kwargs` (the call's) else `settings`, with `max_length`
     counting the decoder start token (`max_new_tokens` first, as `generate` takes it); refuses what the loop does
-    not serve, naming it (`fast_decoding_refusals`, other keyword arguments, several end tokens)."""
-    defaults = GenerationConfig().to_dict()
-    others = [
-        f"{key}=..."
-        for key, value in kwargs.items()
-        if key not in defaults and key not in INPUTS and value is not None
-    ]
-    refused = fast_decoding_refusals(settings, kwargs) + others
+    not serve, naming it (`fast_decoding_refusals`, several end tokens)."""
+    refused = fast_decoding_refusals(settings, kwargs)
 
     def value(key):
         return kwargs[key] if key in kwargs else getattr(settings, key, None)

@@ -56,6 +56,8 @@ WORD_REWARD = "word_reward"
 MATCH_SOURCE_SENTENCE_COUNT = "match_source_sentence_count"
 SENTENCE_END_TOKEN_IDS = "sentence_end_token_ids"
 WINDOW_SENTENCES = "window_sentences"
+# The keys that read the sentence-end ids: each needs them when it is on.
+NEEDS_SENTENCE_ENDS = (MATCH_SOURCE_SENTENCE_COUNT, WINDOW_SENTENCES)
 # The generation-config keys read here and their defaults: every option off.
 LENGTH_CONTROL_DEFAULTS = {
     MIN_LENGTH_RATIO: None,
@@ -176,11 +178,7 @@ class LengthControl:
         if window is not None and (isinstance(window, bool) or not isinstance(window, int) or window < 1):
             raise key_error(WINDOW_SENTENCES, window, "a whole number >= 1 (sentences per window), or None")
         ids = checked_sentence_end_ids(values[SENTENCE_END_TOKEN_IDS], model_config)
-        needs = [
-            f"{key}={value!r}"
-            for key, value in ((MATCH_SOURCE_SENTENCE_COUNT, match), (WINDOW_SENTENCES, window))
-            if value
-        ]
+        needs = [f"{key}={values[key]!r}" for key in NEEDS_SENTENCE_ENDS if values[key]]
         if needs and not ids:
             raise key_error(
                 SENTENCE_END_TOKEN_IDS,
@@ -327,8 +325,7 @@ def sentence_windows(
         tokens = ids[keep & (ids != eos_token_id)]  # (n,)
         cuts = (torch.isin(tokens, ends).nonzero().flatten() + 1).tolist()  # after each sentence end
         bounds = [0, *(cut for cut in cuts if cut < len(tokens)), len(tokens)]
-        starts = bounds[:-1:size] if len(bounds) > 1 else [0]
-        for index, start in enumerate(starts):
+        for index, start in enumerate(bounds[:-1:size]):
             stop = bounds[min(index * size + size, len(bounds) - 1)]
             windows.append(torch.cat([tokens[start:stop], eos]))
             owners.append(row)

@@ -30,7 +30,11 @@ from hf_posenc.analysis.length_generalisation import (
 )
 from hf_posenc.analysis.word_order_probe import word_order_probe
 from hf_posenc.configuration_marian_posenc import RENAMED_FIELDS
-from hf_posenc.generation_length import measure_min_length_ratio, sentence_end_token_ids
+from hf_posenc.generation_length import (
+    NEEDS_SENTENCE_ENDS,
+    measure_min_length_ratio,
+    sentence_end_token_ids,
+)
 from hf_posenc.pipeline.data.files import read_split
 from hf_posenc.pipeline.evaluation.decoding import load_translation_model, translate
 from hf_posenc.pipeline.evaluation.scoring import score_translations
@@ -271,7 +275,7 @@ def generate_settings(run: Run, tokenizer) -> dict:
             [len(ids) for ids in tokenizer(texts)["input_ids"]] for texts in (pairs.source, pairs.target)
         ]
         settings["min_length_ratio"] = measure_min_length_ratio(*lengths)
-    if settings.get("match_source_sentence_count") or settings.get("window_sentences"):
+    if any(settings.get(key) for key in NEEDS_SENTENCE_ENDS):
         settings["sentence_end_token_ids"] = sentence_end_token_ids(tokenizer)
     return settings
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import torch
 
-from ...generation_length import sentence_end_token_ids
+from ...generation_length import NEEDS_SENTENCE_ENDS, sentence_end_token_ids
 from ..cli import check_number
 from ..data.files import read_lines, read_parallel
 from ..export.ctranslate2 import is_ctranslate2_folder, translate_ctranslate2
@@ -216,9 +216,7 @@ def sentence_ends_for_the_count(overrides: dict, model, tokenizer) -> dict:
     saved = getattr(model.generation_config, "sentence_end_token_ids", None)
     saved = saved or getattr(model.config, "sentence_end_token_ids", None)
     flags = [
-        f"--{flag} {str(overrides[flag]).lower()}"
-        for flag in ("match_source_sentence_count", "window_sentences")
-        if overrides.get(flag)
+        f"--{flag} {str(overrides[flag]).lower()}" for flag in NEEDS_SENTENCE_ENDS if overrides.get(flag)
     ]
     if not flags or saved:
         return {}

@@ -159,9 +159,8 @@ def generate_batch(model, tokenizer, chunk: list, bf16: bool, generate_kwargs: d
         batch = tokenizer(chunk, return_tensors="pt", padding=True)
     else:
         batch = tokenizer.pad({"input_ids": [list(ids) for ids in chunk]}, return_tensors="pt")
-    if hasattr(
-        model, "generate_fast"
-    ):  # hf_posenc's models: the fast loop, token-identical (fast_decoding.py)
+    # hf_posenc's models: the fast loop, token-identical to transformers' (fast_decoding.py)
+    if hasattr(model, "generate_fast"):
         generate_kwargs = {"fast_decoding": True, **generate_kwargs}
     with torch.autocast(device_type=model.device.type, dtype=torch.bfloat16, enabled=bf16):
         generated = model.generate(**batch.to(model.device), **generate_kwargs)
