@@ -178,6 +178,7 @@ def training_memory_bytes(model, optimizer, batch, device, autocast_dtype) -> in
 
 STOCK_MARIAN = "marian"  # the baseline system: transformers.MarianMTModel, built from the same config
 COMPILED = "+compile"  # the name suffix of a variant trained under torch.compile
+FAST = "+fast"  # the name suffix of a system decoded through the fast decoding loop (fast_decoding.py)
 
 
 @dataclass
@@ -308,12 +309,15 @@ def generation_kwargs(new_tokens: int, beams: int) -> dict:
     return dict(num_beams=beams, do_sample=False, max_new_tokens=new_tokens, min_new_tokens=new_tokens)
 
 
-def generation_run(model, source, new_tokens: int, beams: int, device, autocast_dtype) -> Callable[[], None]:
-    kwargs = generation_kwargs(new_tokens, beams)
+def generation_run(
+    model, source, new_tokens: int, beams: int, device, autocast_dtype, fast: bool = False
+) -> Callable[[], None]:
+    """One `generate` call; with `fast`, through hf_posenc's fast decoding loop (fast_decoding.py)."""
+    kwargs = generation_kwargs(new_tokens, beams) | ({"fast_decoding": True} if fast else {})
 
     def run():
         with torch.inference_mode(), autocast(device, autocast_dtype):
-            model.generate(source, **kwargs)
+            return model.generate(source, **kwargs)
 
     return run
 

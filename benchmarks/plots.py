@@ -1,9 +1,10 @@
 """The plots of `make bench` (benchmarks/run.py): throughput per length as a ratio to stock Marian for the phases
-measured (training, paper 1's forward benchmark), and the per-token decoding time against the prefix length."""
+measured (training, paper 1's forward benchmark), generation speed by system and decoding loop, and the per-token
+decoding time against the prefix length."""
 
 import matplotlib
 
-from .harness import STOCK_MARIAN
+from .harness import FAST, STOCK_MARIAN
 from .systems import System
 
 matplotlib.use("Agg")
@@ -25,6 +26,9 @@ def write_plots(results: dict, systems: list[System], args) -> list[str]:
     if panels:
         paths.append(args.output_dir / f"{args.stem}_throughput.png")
         write_throughput_plot(panels, systems, paths[-1], metadata)
+    if "generation" in results:
+        paths.append(args.output_dir / f"{args.stem}_generation.png")
+        write_generation_plot(results["generation"]["tokens_per_second"], systems, args, paths[-1], metadata)
     if "decode_ms" in results:
         paths.append(args.output_dir / f"{args.stem}_decode.png")
         write_decode_plot(results["decode_ms"], systems, args.decode_prefixes, paths[-1], metadata)
@@ -90,6 +94,29 @@ def write_decode_plot(
     axis.set(title="per-token decoding time vs prefix")
     axis.grid(alpha=0.3)
     axis.legend(fontsize=7, ncol=2)
+    figure.tight_layout()
+    figure.savefig(path, dpi=110, metadata=metadata)
+    plt.close(figure)
+
+
+def write_generation_plot(measured: dict, systems: list[System], args, path, metadata: dict) -> None:
+    """One panel per generation setting: each system's tokens/s over stock Marian's `generate`, through `generate`
+    and through the fast decoding loop."""
+    settings = [f"b{b}k{k}" for b in args.generation_batch_sizes for k in args.beams]
+    names = [system.name for system in systems]
+    figure, axes = plt.subplots(len(settings), 1, figsize=(max(8, 0.45 * len(names)), 3 * len(settings)))
+    for axis, setting in zip(getattr(axes, "flat", [axes]), settings, strict=True):
+        baseline = measured[f"{STOCK_MARIAN}@{setting}"]
+        for offset, (suffix, label) in enumerate((("", "generate"), (FAST, "fast decoding loop"))):
+            heights = [measured.get(f"{name}{suffix}@{setting}", 0) / baseline for name in names]
+            axis.bar([i + 0.4 * offset for i in range(len(names))], heights, width=0.4, label=label)
+        axis.set_xticks([i + 0.2 for i in range(len(names))], names, rotation=60, ha="right", fontsize=7)
+        axis.set(
+            ylabel="tokens/s / Marian generate", title=setting.replace("b", "batch ").replace("k", ", beams ")
+        )
+        axis.axhline(1.0, color="black", linewidth=0.8)
+        axis.grid(alpha=0.3, axis="y")
+    figure.axes[0].legend(fontsize=8)
     figure.tight_layout()
     figure.savefig(path, dpi=110, metadata=metadata)
     plt.close(figure)

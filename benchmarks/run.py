@@ -43,6 +43,7 @@ from hf_posenc.pipeline.training.hardware import (
 )
 
 from .harness import (
+    FAST,
     MODEL_SIZES,
     STOCK_MARIAN,
     benchmark_training_steps,
@@ -313,7 +314,10 @@ def measure_forward(systems, fields, args, dtype) -> dict:
 
 
 def measure_generation(models, args, dtype) -> dict:
-    tokens_per_second = {}
+    """Tokens/s of each system's `generate` (`<system>@b<B>k<K>`) and, for hf_posenc's systems, of the fast
+    decoding loop (`<system>+fast@...`), interleaved; `identical` says per system and setting whether the fast
+    loop returned `generate`'s tokens."""
+    tokens_per_second, identical = {}, {}
     generator = torch.Generator().manual_seed(args.seed)
     for batch_size in args.generation_batch_sizes:
         source = torch.randint(
@@ -321,13 +325,18 @@ def measure_generation(models, args, dtype) -> dict:
         )
         source = source.to(args.device)
         for beams in args.beams:
-            work = {
-                name: generation_run(m, source, args.new_tokens, beams, args.device, dtype)
-                for name, m in models.items()
-            }
+            setting = f"b{batch_size}k{beams}"
+            work = {}
+            for name, model in models.items():
+                work[name] = generation_run(model, source, args.new_tokens, beams, args.device, dtype)
+                if name != STOCK_MARIAN:
+                    work[name + FAST] = generation_run(
+                        model, source, args.new_tokens, beams, args.device, dtype, fast=True
+                    )
+                    identical[f"{name}@{setting}"] = torch.equal(work[name](), work[name + FAST]())
             for name, value in interleaved_median_seconds(work, args.repeats, args.device).items():
-                tokens_per_second[f"{name}@b{batch_size}k{beams}"] = batch_size * args.new_tokens / value
-    return tokens_per_second
+                tokens_per_second[f"{name}@{setting}"] = batch_size * args.new_tokens / value
+    return {"tokens_per_second": tokens_per_second, "identical": identical}
 
 
 def window_half(prefix: int) -> int:

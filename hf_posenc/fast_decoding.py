@@ -4,25 +4,23 @@ Switched on by the generation config's `fast_decoding` (False by default) or `ge
 `generate` (generation_length.py) then runs `fast_generate` instead of transformers' loop. The loop computes what
 transformers' greedy search (`_sample` without sampling) and beam search (`_beam_search`, transformers 5.x) compute,
 step for step: the same forward call per step, the same float32 logits, log-softmax, logits processors (transformers'
-own `NoRepeatNGramLogitsProcessor`, `NoBadWordsLogitsProcessor` and `ForcedEOSTokenLogitsProcessor`, then the
-length control's), top-k selections, length penalty, stopping rule (`early_stopping` False, True or "never") and output
-length. What it leaves out is `generate`'s per-step machinery: input preparation and keyword updates, stopping
-criteria objects, and the reordering of the cross-attention cache, which beam search permutes within each example
-only, where every beam holds the same encoder keys and values (`BeamCache`).
+own `NoRepeatNGramLogitsProcessor` and `ForcedEOSTokenLogitsProcessor`, the token bans of its `NoBadWords`, `MinLength`
+and `MinNewTokensLength` processors as one in-place `BanTokens`, then the length control's), top-k selections,
+length penalty, stopping rule (`early_stopping` False, True or "never") and output length. What it leaves out is
+`generate`'s per-step machinery: input preparation and keyword updates, stopping criteria objects, and the reordering
+of the cross-attention cache, which beam search permutes within each example only, where every beam holds the same
+encoder keys and values (`BeamCache`).
 
 Served: greedy and beam search (`num_beams` >= 1, `do_sample=False`), one returned sequence, the sequences only
 (no `return_dict_in_generate`), the length penalty, `bad_words_ids`, `forced_eos_token_id`, `no_repeat_ngram_size`,
-the budget (`max_new_tokens`, `max_length`) and the length control of generation_length.py. Any other generation
-setting that differs from transformers' default is refused by name (`fast_decoding_refusals`), never ignored.
+`min_length`, `min_new_tokens`, the budget (`max_new_tokens`, `max_length`) and the length control of
+generation_length.py. Any other generation setting that differs from transformers' default is refused by name
+(`fast_decoding_refusals`), never ignored.
 """
 
 import torch
 from transformers import DynamicCache, GenerationConfig, LogitsProcessorList
-from transformers.generation.logits_process import (
-    ForcedEOSTokenLogitsProcessor,
-    NoBadWordsLogitsProcessor,
-    NoRepeatNGramLogitsProcessor,
-)
+from transformers.generation.logits_process import ForcedEOSTokenLogitsProcessor, NoRepeatNGramLogitsProcessor
 
 from .base import PosEncCache
 
@@ -38,6 +36,8 @@ SERVED = {
     "bad_words_ids",
     "forced_eos_token_id",
     "no_repeat_ngram_size",
+    "min_length",
+    "min_new_tokens",
     "pad_token_id",
     "eos_token_id",
     "bos_token_id",
@@ -120,7 +120,7 @@ class Decoder:
             use_cache=True,
             return_dict=True,
         )
-        return output.logits[:, -1, :].to(copy=True, dtype=torch.float32)
+        return output.logits[:, -1, :].float()  # a view of this step's logits, read once
 
 
 def expanded(encoder_outputs, source_mask, num_beams: int):
@@ -133,15 +133,41 @@ def expanded(encoder_outputs, source_mask, num_beams: int):
     return encoder_outputs, source_mask.repeat_interleave(num_beams, dim=0)
 
 
-def processors(settings: dict, max_length: int, eos: int, extra: LogitsProcessorList) -> LogitsProcessorList:
-    """transformers' processors for the served settings, in `generate`'s order, then `extra` (length control)."""
+class BanTokens:
+    """Scores of `tokens` set to -inf while the rows hold fewer than `until` tokens (None: always), in place. This is
+    what transformers' `NoBadWordsLogitsProcessor` computes for single-token bad words (the scores plus a bias of
+    -inf at the banned tokens and 0 elsewhere), and `MinLengthLogitsProcessor` and
+    `MinNewTokensLengthLogitsProcessor` for the end token (the scores with the end token's replaced by -inf while
+    the hypothesis is short), without their copy of the scores and their full-vocabulary bias or mask."""
+
+    def __init__(self, tokens: list[int], until: int | None, device):
+        self.tokens, self.until = torch.tensor(tokens, dtype=torch.long, device=device), until
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.Tensor) -> torch.Tensor:  # (R, t), (R, V)
+        if self.until is None or input_ids.shape[-1] < self.until:
+            scores.index_fill_(-1, self.tokens, float("-inf"))
+        return scores
+
+
+def processors(settings: dict, eos: int, extra: LogitsProcessorList, device) -> LogitsProcessorList:
+    """transformers' processors for the served settings in `generate`'s order (the token bans as `BanTokens`),
+    then `extra` (length control)."""
     chain = LogitsProcessorList()
     if settings["no_repeat_ngram_size"]:
         chain.append(NoRepeatNGramLogitsProcessor(settings["no_repeat_ngram_size"]))
-    if settings["bad_words_ids"]:
-        chain.append(NoBadWordsLogitsProcessor(settings["bad_words_ids"], eos))
+    banned = [
+        words[0] for words in settings["bad_words_ids"] or [] if words[0] != eos
+    ]  # as transformers drops eos
+    if banned:
+        chain.append(BanTokens(banned, None, device))
+    if settings["min_length"]:
+        chain.append(BanTokens([eos], settings["min_length"], device))
+    if settings["min_new_tokens"]:  # the decoder input holds the start token when generation starts
+        chain.append(BanTokens([eos], 1 + settings["min_new_tokens"], device))
     if settings["forced_eos_token_id"] is not None:
-        chain.append(ForcedEOSTokenLogitsProcessor(max_length, settings["forced_eos_token_id"]))
+        chain.append(
+            ForcedEOSTokenLogitsProcessor(settings["max_length"], settings["forced_eos_token_id"], device)
+        )
     return LogitsProcessorList([*chain, *extra])
 
 
@@ -152,7 +178,7 @@ def fast_generate(model, source, source_mask, settings: dict, extra: LogitsProce
     encoder_outputs = model.get_encoder()(input_ids=source, attention_mask=source_mask, return_dict=True)
     encoder_outputs, mask = expanded(encoder_outputs, source_mask, settings["num_beams"])
     step = Decoder(model, encoder_outputs, mask)
-    chain = processors(settings, settings["max_length"], settings["eos_token_id"], extra)
+    chain = processors(settings, settings["eos_token_id"], extra, source.device)
     start = torch.full((mask.shape[0], 1), settings["decoder_start_token_id"], device=source.device)
     if settings["num_beams"] == 1:
         return greedy(step, start, chain, settings)
@@ -192,7 +218,7 @@ def keep_examples(chain: LogitsProcessorList, examples: torch.LongTensor) -> Non
 
 
 # Processors that hold nothing per example (they read only the rows given to them).
-ROW_PROCESSORS = (NoRepeatNGramLogitsProcessor, NoBadWordsLogitsProcessor, ForcedEOSTokenLogitsProcessor)
+ROW_PROCESSORS = (NoRepeatNGramLogitsProcessor, BanTokens, ForcedEOSTokenLogitsProcessor)
 
 
 def compactable(chain: LogitsProcessorList) -> bool:
@@ -353,6 +379,8 @@ def resolved_settings(settings: GenerationConfig, kwargs: dict, model_config) ->
     resolved = {key: value(key) for key in served}
     return resolved | {
         "no_repeat_ngram_size": value("no_repeat_ngram_size") or 0,
+        "min_length": value("min_length") or 0,
+        "min_new_tokens": value("min_new_tokens") or 0,
         "max_length": 1 + new_tokens if new_tokens is not None else value("max_length"),
         "eos_token_id": eos,
         "pad_token_id": value("pad_token_id") if value("pad_token_id") is not None else eos,

@@ -62,8 +62,18 @@ def test_benchmark_command_writes_tables_and_plots_for_every_system(tmp_path):
     assert set(results["parameters"]) == {"marian", "shaw", "rposnet_precomputed", "learned-shape"}
     assert "rposnet_precomputed@8" not in results["training"]["tokens_per_second"]  # inference only
     assert 0 < results["training"]["mfu"]["shaw@16"] < 1
-    assert {"marian@b2k4", "rposnet_precomputed@b2k4"} <= results["generation"].keys()
-    for plot in ("benchmarks-tiny_throughput.png", "benchmarks-tiny_decode.png"):
+    measured = results["generation"]["tokens_per_second"]
+    assert {"marian@b2k4", "rposnet_precomputed@b2k4", "rposnet_precomputed+fast@b2k4"} <= measured.keys()
+    assert "marian+fast@b2k4" not in measured  # stock Marian has no fast loop
+    assert results["generation"]["identical"] == {  # the fast loop returns generate's tokens for every system
+        f"{system}@b{b}k{k}": True
+        for system in ("shaw", "rposnet_precomputed", "learned-shape")
+        for b in (1, 2)
+        for k in (1, 4)
+    }
+    assert "### The fast decoding loop" in markdown and "(tokens differ)" not in markdown
+    plots = ("benchmarks-tiny_throughput.png", "benchmarks-tiny_generation.png", "benchmarks-tiny_decode.png")
+    for plot in plots:
         png = (tmp_path / plot).read_bytes()
         assert (
             png.startswith(b"\x89PNG") and b"systems: marian, shaw, rposnet_precomputed, learned-shape" in png

@@ -8,6 +8,11 @@ import re
 import pytest
 import torch
 from transformers import LogitsProcessor, LogitsProcessorList
+from transformers.generation.logits_process import (
+    MinLengthLogitsProcessor,
+    MinNewTokensLengthLogitsProcessor,
+    NoBadWordsLogitsProcessor,
+)
 
 from hf_posenc import fast_decoding
 from tests.helpers import EOS, PAD, VOCAB
@@ -56,8 +61,10 @@ def sources():
         {"early_stopping": "never"},
         {"min_length_ratio": 1.2, "word_reward": 0.1},
         {"window_sentences": 1, "sentence_end_token_ids": [END]},
+        {"min_new_tokens": 9, "bad_words_ids": [[7], [EOS], [9]], "no_repeat_ngram_size": 3},
+        {"min_length": 12},
     ],
-    ids=["plain", "early-stopping", "never-stop-early", "length-control", "windows"],
+    ids=["plain", "early-stopping", "never-stop-early", "length-control", "windows", "bans", "min-length"],
 )
 def test_the_fast_loop_returns_generates_sequences(num_beams, settings, copier, sources):
     ids, mask = sources
@@ -68,6 +75,23 @@ def test_the_fast_loop_returns_generates_sequences(num_beams, settings, copier, 
     ends = {int((row == EOS).nonzero()[0]) for row in expected if (row == EOS).any()}
     assert len(ends) > 2 and len({tuple(row.tolist()) for row in expected}) > 8  # rows differ and end apart
     assert torch.equal(copier.generate(ids, fast_decoding=True, **kwargs), expected)
+
+
+@pytest.mark.parametrize("length", [3, 4, 5, 6, 9])
+def test_the_token_bans_compute_what_transformers_processors_compute(length):
+    """`BanTokens` against transformers' NoBadWords (single tokens, the end token among them dropped), MinLength
+    and MinNewTokensLength processors, on scores that hold -inf and ties already."""
+    scores = torch.randn(6, VOCAB, generator=torch.Generator().manual_seed(length))
+    scores[0, 3], scores[1, :4] = -float("inf"), 0.5
+    rows = torch.zeros(6, length, dtype=torch.long)
+    pairs = [
+        (NoBadWordsLogitsProcessor([[7], [EOS], [9]], EOS), [7, 9], None),
+        (MinLengthLogitsProcessor(4, EOS), [EOS], 4),
+        (MinNewTokensLengthLogitsProcessor(1, 5, EOS), [EOS], 6),
+    ]
+    for theirs, tokens, until in pairs:
+        expected = theirs(rows, scores.clone())
+        assert torch.equal(fast_decoding.BanTokens(tokens, until, "cpu")(rows, scores.clone()), expected)
 
 
 class BanToken(LogitsProcessor):
