@@ -9,6 +9,12 @@ process by `accelerator.prepare`, so each rank sees different batches.
 The sampler holds numpy arrays (the lengths, the sorted order, the batch boundaries), a few bytes per example
 and no Python object per example, so that millions of cached pairs batch in memory that does not grow with
 Python objects; a batch becomes a list of indices only when the DataLoader asks for it.
+
+Length buckets (`BucketPadding`): a batch's source and target are padded on the right up to one of a few bucket
+lengths, so that an epoch's batches come in a few sequence lengths instead of one per length (a compiled model
+then reuses its graphs). The batches hold the same examples as without buckets: `max_tokens` bounds the batch
+padded to its longest example, and bucket padding adds positions beyond it (`padding_report` counts them).
+Padding is masked (attention mask 0, labels -100), so the loss is unchanged.
 """
 
 import math
@@ -115,6 +121,107 @@ class TokenBudgetBatchSampler:
         padded = int((sizes * longest).sum())
         real = int(self.lengths.sum())
         return 1 - real / padded if padded else 0.0
+
+
+def bucket_lengths(lengths, buckets: Sequence[int]) -> np.ndarray:
+    """Each length raised to the smallest bucket that holds it; a length above the largest bucket is kept."""
+    lengths = np.asarray(lengths, dtype=np.int64)
+    buckets = np.asarray(buckets, dtype=np.int64)
+    index = np.searchsorted(buckets, lengths, side="left")  # the first bucket >= length
+    inside = index < len(buckets)
+    return np.where(inside, buckets[np.minimum(index, len(buckets) - 1)], lengths)
+
+
+def check_length_buckets(buckets: Sequence[int], name: str = "length_buckets") -> None:
+    """Bucket lengths must be positive whole numbers in increasing order; the error names the bad values."""
+    bad = [value for value in buckets if isinstance(value, bool) or not isinstance(value, int) or value < 1]
+    if bad:
+        raise ValueError(f"{name}={list(buckets)}: {bad} are not positive whole numbers of tokens")
+    if not buckets:
+        raise ValueError(f"{name}=[]: give at least one bucket length")
+    unordered = [(a, b) for a, b in zip(buckets, buckets[1:], strict=False) if b <= a]
+    if unordered:
+        raise ValueError(
+            f"{name}={list(buckets)}: bucket lengths must increase, and {unordered[0][1]} follows {unordered[0][0]}"
+        )
+
+
+# The columns `BucketPadding` pads, with their padding value (None: the pad token id): the source side's and the
+# target side's (DataCollatorForSeq2Seq's output for a seq2seq model).
+SOURCE_COLUMNS = {"input_ids": None, "attention_mask": 0}
+TARGET_COLUMNS = {"labels": -100, "decoder_input_ids": None, "decoder_attention_mask": 0}
+
+
+class BucketPadding:
+    """A collate function: `collator`'s batch with its source columns padded on the right from their length up
+    to the smallest of `buckets` that holds it, and its target columns likewise (each side to its own bucket;
+    a side longer than the largest bucket keeps its length). Padded positions are masked: attention mask 0,
+    labels -100, token ids `pad_token_id`. The decoder inputs are padded with `pad_token_id` where
+    `prepare_decoder_input_ids_from_labels` of the padded labels would put the row's last label at the first
+    added position: a position whose label is -100 and that no earlier position attends to (causal), so the
+    loss is the same either way."""
+
+    def __init__(self, collator, buckets: Sequence[int], pad_token_id: int):
+        check_length_buckets(list(buckets))
+        self.collator = collator
+        self.buckets = list(buckets)
+        self.pad_token_id = pad_token_id
+
+    def __call__(self, features) -> dict:
+        batch = self.collator(features)
+        for columns in (SOURCE_COLUMNS, TARGET_COLUMNS):
+            present = [name for name in columns if name in batch]
+            if not present:
+                continue
+            length = batch[present[0]].shape[1]
+            extra = int(bucket_lengths([length], self.buckets)[0]) - length
+            if extra == 0:
+                continue
+            for name in present:
+                value = self.pad_token_id if columns[name] is None else columns[name]
+                batch[name] = torch.nn.functional.pad(batch[name], (0, extra), value=value)  # (B, bucket)
+        return batch
+
+
+def padding_report(
+    sampler: TokenBudgetBatchSampler, source_lengths, target_lengths, buckets: Sequence[int] | None
+) -> dict:
+    """The padded positions of the sampler's batches in its current epoch, per side: the tokens, the positions
+    of the batches padded to their longest example and padded to their bucket (`buckets` None: no buckets), and
+    the number of distinct (sentences, source length, target length) shapes and of (source, target) lengths."""
+    sampler.draw()
+    sizes = np.diff(sampler.offsets)  # (B,)
+    starts = sampler.offsets[:-1]  # (B,)
+    report, padded_lengths = {}, []
+    for side, lengths in (("source", source_lengths), ("target", target_lengths)):
+        lengths = as_lengths(lengths)  # (N,)
+        longest = np.maximum.reduceat(lengths[sampler.order], starts)  # (B,) the longest of each batch
+        padded = longest if buckets is None else bucket_lengths(longest, buckets)  # (B,)
+        padded_lengths.append(padded)
+        report[side] = {
+            "tokens": int(lengths.sum()),
+            "padded_to_longest": int((sizes * longest).sum()),
+            "padded_to_buckets": int((sizes * padded).sum()),
+        }
+    report["shapes"] = len(
+        set(zip(sizes.tolist(), *(padded.tolist() for padded in padded_lengths), strict=True))
+    )
+    report["lengths"] = len(set(zip(*(padded.tolist() for padded in padded_lengths), strict=True)))
+    return report
+
+
+def describe_padding(report: dict, buckets: Sequence[int]) -> str:
+    """One line from `padding_report`: the shapes and each side's padding share without and with the buckets."""
+    shares = []
+    for side in ("source", "target"):
+        tokens, longest, bucketed = (
+            report[side][key] for key in ("tokens", "padded_to_longest", "padded_to_buckets")
+        )
+        shares.append(f"{side} {100 * (1 - tokens / longest):.1f}% -> {100 * (1 - tokens / bucketed):.1f}%")
+    return (
+        f"length buckets {list(buckets)}: {report['shapes']} batch shapes ({report['lengths']} source x target "
+        f"lengths), padded positions {' and '.join(shares)}"
+    )
 
 
 def random_batches_padding_ratio(lengths: Sequence[int], batch_size: int, seed: int = 0) -> float:

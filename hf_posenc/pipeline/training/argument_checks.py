@@ -142,8 +142,8 @@ def check_hub(args: "Arguments") -> None:
 
 def check_combinations(args: "Arguments", fields: dict, flags: dict) -> None:
     """Settings that contradict one another, or one that the rest would silently ignore: a validation or test
-    file without its other side; `--architecture stock_marian` (MarianMTModel: sinusoids, content attention,
-    transformers' own generate) with a module choice, a MarianPosEnc config field, `--sentence_positions`,
+    file without its other side; `--length_buckets` without token-budget batches; `--architecture stock_marian`
+    (MarianMTModel: sinusoids, content attention, transformers' own generate) with a module choice, a MarianPosEnc config field, `--sentence_positions`,
     `--length_control` or `--window_sentences`; `--sentence_positions` (the tokenizer's sentence ends) with sentence_end_token_ids in
     --config_overrides. `fields`: the config fields set (`model_fields`), `flags`: the flag of each."""
     data, model = args.data, args.model
@@ -165,6 +165,12 @@ def check_combinations(args: "Arguments", fields: dict, flags: dict) -> None:
                 f"--architecture stock_marian trains transformers' MarianMTModel, which has none of "
                 f"{', '.join(ignored)}: drop them, or train --architecture marian_posenc"
             )
+    if data.length_buckets is not None and (data.max_tokens is None or model.architecture == "stock_marian"):
+        raise ValueError(
+            f"--length_buckets {' '.join(map(str, data.length_buckets))} pads token-budget batches, and this run "
+            "trains on the Trainer's sentence batches (no --max_tokens, or --architecture stock_marian): drop it, "
+            "or set --max_tokens"
+        )
     overrides = json.loads(model.config_overrides)
     if model.sentence_positions and "sentence_end_token_ids" in overrides:
         raise ValueError(

@@ -30,6 +30,7 @@ from transformers import HfArgumentParser, Seq2SeqTrainingArguments
 
 from ...configuration_marian_posenc import MarianPosEncConfig
 from ..data.augmentation import check_augmentation
+from ..data.batching import check_length_buckets
 from ..data.files import data_root, data_root_hint
 from .argument_checks import check_combinations, check_hub, check_numbers, check_recipe_values
 from .pretrained import pretrained_config
@@ -187,6 +188,15 @@ class DataArguments:
         default=None,
         metadata={"help": "padded tokens per batch (None: per_device_train_batch_size sentences)"},
     )
+    length_buckets: list[int] | None = field(
+        default=None,
+        metadata={
+            "help": "with --max_tokens: pad each batch's source and target on the right up to the smallest of these "
+            "lengths that holds them (increasing; a longer side keeps its length), so that batches come in a few "
+            "shapes that a compiled model reuses; the batches hold the same examples and the loss is unchanged "
+            "(padding is masked). None: each batch padded to its longest example"
+        },
+    )
 
     def __post_init__(self):
         if self.bpe_sample_pairs < 1:
@@ -199,6 +209,8 @@ class DataArguments:
                 f"--max_length_ratio={self.max_length_ratio} must be 0 (no ratio filter) or a finite number of at "
                 "least 1 (a pair's longer side over its shorter)"
             )
+        if self.length_buckets is not None:
+            check_length_buckets(self.length_buckets, "--length_buckets")
         if self.preprocessing_num_workers is not None and self.preprocessing_num_workers < 1:
             raise ValueError(
                 f"--preprocessing_num_workers={self.preprocessing_num_workers} must be at least 1"

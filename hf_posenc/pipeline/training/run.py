@@ -36,7 +36,7 @@ from ...modeling_marian_posenc import (
     MarianPosEncForConditionalGeneration,
 )
 from ..cli import run_cli
-from ..data.batching import TokenBudgetBatchSampler
+from ..data.batching import TokenBudgetBatchSampler, describe_padding, padding_report
 from ..data.corpus import (
     CorpusSettings,
     CorpusSummary,
@@ -313,6 +313,7 @@ class TrainingReport:
     # what the Trainer's Accelerator autocast the training step to: "bf16", "fp16" or "no"
     autocast: str = "no"
     memory_reused: bool = False  # --cpu_memory reuse applied (a glibc CPU)
+    batch_padding: dict | None = None  # the first epoch's token-budget batches padded (`batch_padding`)
 
 
 def trainer_arguments(args: Arguments, precision) -> Seq2SeqTrainingArguments:
@@ -339,18 +340,30 @@ def trainer_arguments(args: Arguments, precision) -> Seq2SeqTrainingArguments:
     return training
 
 
+def batch_padding(args: Arguments, data: PreparedData, seed: int) -> dict:
+    """The first epoch's token-budget batches, logged and returned for scores.json: their number and padded
+    positions (`batching.padding_report`), with --length_buckets the positions the buckets add and the distinct
+    batch shapes."""
+    sampler = TokenBudgetBatchSampler(data.train["length"], args.data.max_tokens, seed=seed)
+    buckets = args.data.length_buckets
+    report = padding_report(
+        sampler, list_lengths(data.train, "input_ids"), list_lengths(data.train, "labels"), buckets
+    )
+    logger.info(
+        "token-budget batching: %d batches per epoch, %.1f%% padding%s",
+        len(sampler),
+        100 * sampler.padding_ratio(),
+        f"; {describe_padding(report, buckets)}" if buckets else "",
+    )
+    return {"length_buckets": buckets, "batches": len(sampler), **report}
+
+
 def build_trainer(args: Arguments, model, data: PreparedData, training, precision):
     """(the Trainer with token-budget batches and the budget's callbacks, the learning-rate plan or None, the
-    budget check or None)."""
+    budget check or None, the first epoch's batch padding or None)."""
     # the stock baseline trains on the Trainer's own batches of per_device_train_batch_size sentences
     max_tokens = args.data.max_tokens if args.model.architecture == "marian_posenc" else None
-    if max_tokens:
-        sampler = TokenBudgetBatchSampler(data.train["length"], max_tokens, seed=training.seed)
-        logger.info(
-            "token-budget batching: %d batches per epoch, %.1f%% padding",
-            len(sampler),
-            100 * sampler.padding_ratio(),
-        )
+    padding = batch_padding(args, data, training.seed) if max_tokens else None
     time_budget = TimeBudgetCallback(args.run.minutes) if args.run.minutes else None
     plan = SchedulePlan(max(1, round(training.warmup_steps))) if args.planned_schedule else None
     if plan is not None:
@@ -367,6 +380,7 @@ def build_trainer(args: Arguments, model, data: PreparedData, training, precisio
         callbacks=[time_budget] if time_budget else [],
         compute_metrics=translation_metrics(data.tokenizer) if args.run.eval_bleu else None,
         max_tokens=max_tokens,
+        length_buckets=args.data.length_buckets,
         lr_plan=plan,
     )
     if plan is not None:  # after the time budget's callback, whose clock it reads
@@ -382,7 +396,7 @@ def build_trainer(args: Arguments, model, data: PreparedData, training, precisio
             args.run.minutes, precision.precision, describe_hardware(training.device), stop=stop
         )
         trainer.add_callback(check)
-    return trainer, plan, check
+    return trainer, plan, check, padding
 
 
 def train(args: Arguments, model, data: PreparedData, precision) -> tuple[TranslationTrainer, TrainingReport]:
@@ -393,7 +407,7 @@ def train(args: Arguments, model, data: PreparedData, precision) -> tuple[Transl
             set_aside_checkpoints(args.checkpoints_dir)
         check_resume_settings(args, model, resume)
     training = trainer_arguments(args, precision)
-    trainer, plan, check = build_trainer(args, model, data, training, precision)
+    trainer, plan, check, padding = build_trainer(args, model, data, training, precision)
     first_step = json.loads((Path(resume) / "trainer_state.json").read_text())["global_step"] if resume else 0
     memory_reused = args.run.cpu_memory == "reuse" and keep_freed_memory(training.device)
     if memory_reused:
@@ -421,6 +435,7 @@ def train(args: Arguments, model, data: PreparedData, precision) -> tuple[Transl
         plan.as_dict() if plan is not None else None,
         trainer.accelerator.mixed_precision if trainer.accelerator.native_amp else "no",
         memory_reused,
+        padding,
     )
     return trainer, report
 
@@ -533,6 +548,7 @@ def run_record(
         "attention_probe": backend.as_dict(),
         "torch_compile": args.training.torch_compile,
         "cpu_memory_reused": report.memory_reused,
+        "batch_padding": report.batch_padding,
         "training_target_tokens": report.target_tokens,
         "training_target_tokens_per_second": round(report.tokens_per_second, 1),
         "model_flops_per_target_token": flops_per_token,

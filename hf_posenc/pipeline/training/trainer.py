@@ -1,8 +1,9 @@
 """Training glue around `Seq2SeqTrainer`: what the HF stack lacks for NMT recipes.
 
 * `TranslationTrainer`: the Trainer with token-budget batches (`max_tokens`) instead of a fixed number of
-  sentences, through its `get_train_dataloader` hook, a count of the target tokens it trained on, and the
-  learning-rate schedule planned for a time budget (`schedule.SchedulePlan`) where one is given;
+  sentences, through its `get_train_dataloader` hook, padded to length buckets where `length_buckets` are
+  given (`batching.BucketPadding`), a count of the target tokens it trained on, and the learning-rate schedule
+  planned for a time budget (`schedule.SchedulePlan`) where one is given;
 * `TimeBudgetCallback`: stops training after a wall-clock budget, counted across resumes;
 * `tokenize_parallel`: tokenised pairs with their lengths, over-long pairs rejected;
 * `translation_metrics`: BLEU and chrF++ of generated validation translations for `compute_metrics`;
@@ -18,7 +19,7 @@ from torch.utils.data import DataLoader
 from transformers import Seq2SeqTrainer, TrainerCallback
 from transformers.trainer_callback import ExportableState
 
-from ..data.batching import TokenBudgetBatchSampler, as_lengths
+from ..data.batching import BucketPadding, TokenBudgetBatchSampler, as_lengths
 from ..evaluation.scoring import score_translations
 
 
@@ -54,11 +55,15 @@ def tokenize_parallel(
 
 class TranslationTrainer(Seq2SeqTrainer):
     """`Seq2SeqTrainer` whose training batches hold at most `max_tokens` padded tokens (None: the Trainer's own
-    batches of `per_device_train_batch_size` sentences), counting the target tokens it trains on."""
+    batches of `per_device_train_batch_size` sentences), each side padded further up to its length bucket where
+    `length_buckets` are given, counting the target tokens it trains on."""
 
-    def __init__(self, *args, max_tokens: int | None, lr_plan=None, **kwargs):
+    def __init__(
+        self, *args, max_tokens: int | None, length_buckets: list[int] | None = None, lr_plan=None, **kwargs
+    ):
         super().__init__(*args, **kwargs)
         self.max_tokens = max_tokens
+        self.length_buckets = length_buckets
         self.lr_plan = lr_plan
         self.target_tokens = 0  # label tokens trained on in this process since it started
 
@@ -78,11 +83,14 @@ class TranslationTrainer(Seq2SeqTrainer):
         sampler = TokenBudgetBatchSampler(
             as_lengths(self.train_dataset["length"]), self.max_tokens, seed=self.args.seed
         )
+        collate = self.data_collator
+        if self.length_buckets:
+            collate = BucketPadding(collate, self.length_buckets, self.model.config.pad_token_id)
         # pinned memory only speeds copies to an accelerator; on a CPU torch warns once an epoch
         loader = DataLoader(
             dataset,
             batch_sampler=sampler,
-            collate_fn=self.data_collator,
+            collate_fn=collate,
             num_workers=self.args.dataloader_num_workers,
             pin_memory=self.args.dataloader_pin_memory and torch.accelerator.is_available(),
         )

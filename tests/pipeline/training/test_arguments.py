@@ -78,6 +78,12 @@ BAD_FLAGS = [
     (["--architecture", "stock_marian", "--length_control"], ["which has none of --length_control"]),
     (["--architecture", "stock_marian", "--window_sentences", "4"], ["which has none of --window_sentences"]),
     (["--window_sentences", "0"], ["--window_sentences=0 must be at least 1"]),
+    (["--length_buckets", "16", "8"], ["--length_buckets=[16, 8]", "must increase, and 8 follows 16"]),
+    (["--length_buckets", "0", "8"], ["--length_buckets=[0, 8]", "[0] are not positive whole numbers"]),
+    (
+        ["--architecture", "stock_marian", "--length_buckets", "16", "32"],
+        ["--length_buckets 16 32 pads token-budget batches", "--architecture stock_marian"],
+    ),
     (
         ["--sentence_positions", "--config_overrides", '{"sentence_end_token_ids": [5]}'],
         ["--sentence_positions takes the tokenizer's sentence-end tokens", "sentence_end_token_ids=[5] too"],

@@ -1,5 +1,6 @@
 """The Trainer (pipeline/training/trainer.py): the logged loss is the token-level loss under accumulation, the
-token-budget loader on a CPU pins nothing, and throughput is reported in target tokens."""
+token-budget loader on a CPU pins nothing, length buckets change the batches' shapes and not their examples or
+losses, and throughput is reported in target tokens."""
 
 import warnings
 
@@ -37,6 +38,25 @@ def test_token_budget_loader_on_a_cpu_pins_nothing_and_warns_nothing(tmp_path):
         warnings.simplefilter("error")
         batch = next(iter(trainer.get_train_dataloader()))
     assert batch["input_ids"].numel() <= 600
+
+
+def test_length_buckets_pad_the_same_batches_to_bucket_shapes_and_train_the_same_losses(tmp_path):
+    buckets = [8, 16, 24, 32, 48, 64, 96, 128]
+    plain = build_trainer(tmp_path / "plain", max_steps=4, label_smoothing=0.1)
+    bucketed = build_trainer(tmp_path / "bucketed", max_steps=4, label_smoothing=0.1, length_buckets=buckets)
+    plain_batches = list(plain.get_train_dataloader())
+    bucketed_batches = list(bucketed.get_train_dataloader())
+    assert len(plain_batches) == len(bucketed_batches)
+    for before, after in zip(plain_batches, bucketed_batches, strict=True):
+        for name in ("input_ids", "labels"):
+            length = before[name].shape[1]
+            assert after[name].shape[1] == min(b for b in buckets if b >= length)  # all below 128
+            assert torch.equal(after[name][:, :length], before[name])  # the same examples, padded further
+    for trainer in (plain, bucketed):
+        trainer.train()
+    losses = [[log["loss"] for log in t.state.log_history if "loss" in log] for t in (plain, bucketed)]
+    assert len(losses[0]) == 4 and losses[1] == pytest.approx(losses[0], rel=1e-4)
+    assert bucketed.target_tokens == plain.target_tokens  # padding is not counted as trained-on tokens
 
 
 def test_under_token_batches_the_trainer_reports_target_tokens_not_samples_per_second(monkeypatch):

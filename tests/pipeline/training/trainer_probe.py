@@ -44,6 +44,7 @@ def build_trainer(
     learning_rate=1e-3,
     dropout=0.0,
     pairs=400,
+    length_buckets=None,
 ):
     text = read_split(data_root() / "multi30k", "val", "en", "de", limit=pairs)
     tokenizer = train_joint_bpe(text.source + text.target, vocab_size=500)
@@ -80,7 +81,12 @@ def build_trainer(
     )
     collator = DataCollatorForSeq2Seq(tokenizer, model=model, label_pad_token_id=-100)
     return RecordingTrainer(
-        model=model, args=args, train_dataset=dataset, data_collator=collator, max_tokens=600
+        model=model,
+        args=args,
+        train_dataset=dataset,
+        data_collator=collator,
+        max_tokens=600,
+        length_buckets=length_buckets,
     )
 
 
