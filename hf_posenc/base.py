@@ -13,6 +13,7 @@ Positions never get guessed inside a module: the model computes them once per fo
 mask in the encoder, from the cache length in the decoder) and hands them down in a :class:`PositionContext`.
 """
 
+import contextlib
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -99,6 +100,66 @@ def position_span(positions: torch.Tensor) -> tuple[int, int]:
     if not positions.numel():
         return 0, -1
     return int(positions.min()), int(positions.max())
+
+
+def tensors_identity(tensors) -> list[tuple]:
+    """What tells that a table's source tensors are still the same: the tensor objects (kept, so their ids are
+    not reused), their storage, dtype and device (`.to()` and `.data =` swap them under the same object)."""
+    return [(t, t.data_ptr(), t.dtype, t.device) for t in tensors]
+
+
+def same_tensors(kept: list[tuple], current: list[tuple]) -> bool:
+    if len(kept) != len(current):
+        return False
+    return all(a[0] is b[0] and a[1:] == b[1:] for a, b in zip(kept, current, strict=True))
+
+
+def forget_derived_tables(module, incompatible_keys=None) -> None:
+    """`load_state_dict` post-hook (a module-level function, so the model stays picklable)."""
+    module.derived_tables.clear()
+
+
+class DerivedTables:
+    """Mixin for modules that keep tables derived from their parameters for forwards without gradients (decoding),
+    so that a decoding step reads rows of a table instead of recomputing them over its whole prefix.
+
+    Call `keep_derived_tables()` in `__init__`. Sources change by being replaced, cast or moved (seen by
+    `tensors_identity`) or in place, which happens in an optimizer step, `load_state_dict` or a
+    re-initialisation. The tables are forgotten on `load_state_dict`, on `train()`/`eval()`, and by the module
+    whenever a forward computes with gradients to their sources (it precedes any optimizer step: `forget`). An
+    in-place edit outside these (`p.mul_(2)` under torch.no_grad() in eval mode) is not seen: call
+    `model.eval()` after it. (Earlier versions keyed the tables on torch's private `Tensor._version`.)
+    """
+
+    def keep_derived_tables(self) -> None:
+        # Tables derived from parameters, by name: (identity of their sources, table).
+        self.derived_tables: dict[str, tuple[list[tuple], torch.Tensor]] = {}
+        self.register_load_state_dict_post_hook(forget_derived_tables)
+
+    def derived_table(self, name: str, sources, build, fits=None) -> torch.Tensor:
+        """`build()`, kept under `name` while the `sources` it is computed from stay the same tensors and
+        `fits(table)` holds."""
+        identity = tensors_identity(sources)
+        kept = self.derived_tables.get(name)
+        if kept is None or not same_tensors(kept[0], identity) or (fits is not None and not fits(kept[1])):
+            kept = self.derived_tables[name] = (identity, build())
+        return kept[1]
+
+    def forget(self, name: str) -> None:
+        """Drop one table (its sources may be stepped after a forward with gradients)."""
+        self.derived_tables.pop(name, None)
+
+    def train(self, mode: bool = True):
+        forget_derived_tables(self)
+        return super().train(mode)
+
+
+def full_precision(device: torch.device):
+    """A region where autocast is off on `device`, so that a kept table does not depend on the autocast region
+    that built it (meta has no autocast)."""
+    if torch.amp.is_autocast_available(device.type):
+        return torch.autocast(device.type, enabled=False)
+    return contextlib.nullcontext()
 
 
 @dataclass(frozen=True)

@@ -29,12 +29,14 @@ from transformers import initialization as init
 from .base import (
     ENCODER,
     PAPER_1,
+    DerivedTables,
     Hyperparameter,
     PositionContext,
     PositionEncoding,
     PositionPanel,
     causal_mask,
     cosine_similarity_matrix,
+    full_precision,
 )
 
 
@@ -51,6 +53,42 @@ def distinct_distances(context: PositionContext) -> tuple[torch.Tensor, torch.Te
     nearest = context.key_span[0] - context.query_span[1]
     farthest = context.key_span[1] - context.query_span[0]
     return torch.arange(nearest, farthest + 1, device=relative.device), relative - nearest
+
+
+class DistanceBias(DerivedTables):
+    """Mixin of the encodings whose score bias depends on the distance r = j - i alone (T5, Adaptive-T5): the bias
+    of a decoding step's query row is read from a kept per-distance table instead of being recomputed over the
+    distances to its whole prefix at every step."""
+
+    def distance_bias(
+        self, name: str, sources, per_distance, context: PositionContext, stochastic: bool = False
+    ) -> torch.Tensor:
+        """bias_h(j - i) of every query i and key j of `context`, (B|1, H, q, k), from `per_distance`, which maps
+        distances (R,) to their bias (H, R) and draws from `sources` (randomly in training if `stochastic`).
+
+        With gradients to the sources (training), or a stochastic bias in training, `per_distance` runs over the
+        context's distinct distances and the result is gathered. Otherwise it runs once over the distances
+        -(L-1)..L-1, L the power of two that covers the context, in full precision, and the table is kept under
+        `name` (`DerivedTables`: rebuilt when the sources change or a longer context needs more of it), so a
+        decoding step only reads the k entries of its query row.
+        """
+        learning = torch.is_grad_enabled() and any(source.requires_grad for source in sources)
+        if learning or (stochastic and self.training):
+            self.forget(name)  # the sources may be stepped after this
+            distances, index = distinct_distances(context)  # (R,), (B|1, q, k)
+            return per_distance(distances)[:, index].movedim(0, 1)  # (B|1, H, q, k)
+        (query_first, query_last), (key_first, key_last) = context.query_span, context.key_span
+        covered = 1 << max(query_last - key_first, key_last - query_first, 0).bit_length()  # L > every |r|
+        device = context.key_positions.device
+
+        def build():
+            distances = torch.arange(1 - covered, covered, device=device)  # (2L-1,)
+            with torch.no_grad(), full_precision(device):
+                return per_distance(distances).contiguous()  # (H, 2L-1)
+
+        table = self.derived_table(name, sources, build, fits=lambda kept: kept.shape[-1] >= 2 * covered - 1)
+        index = relative_distances(context) + table.shape[-1] // 2  # (B|1, q, k); r = 0 is the middle column
+        return table[:, index].movedim(0, 1)  # (B|1, H, q, k)
 
 
 def stack_heads_layers(config, stack: str) -> tuple[int, int]:
@@ -337,6 +375,9 @@ def batch_rows(tensor: torch.Tensor | None, rows: slice) -> torch.Tensor | None:
     return tensor[rows]
 
 
+T5_BIAS_TABLE = "bias_per_distance"  # T5's kept bias per distance (`DistanceBias`)
+
+
 def t5_relative_bucket(
     relative: torch.Tensor, bidirectional: bool, num_buckets: int, max_distance: int
 ) -> torch.Tensor:
@@ -362,14 +403,15 @@ def t5_relative_bucket(
     return offset + torch.where(distance < exact, distance, logarithmic)
 
 
-class T5BiasPositionEncoding(PositionEncoding):
+class T5BiasPositionEncoding(DistanceBias, PositionEncoding):
     """T5 relative attention bias: scores_h(i, j) += b_h[bucket(j - i)] (Raffel et al. 2020, Sec. 2.1).
 
     One (num_buckets, H) table per stack, shared by all its layers as in T5; bidirectional buckets in the
     encoder, causal ones in the decoder. Deviation: T5 does not scale q.k by 1/sqrt(d_h); Marian does, and
     the bias is added after that scaling (the softmax sees content/sqrt(d_h) + bias). As in T5 the bias is
     computed once per stack forward and shared by the layers (`stack_score_mask`): buckets for the at most
-    q + k - 1 distinct distances, then one gather to (B|1, H, q, k).
+    q + k - 1 distinct distances, then one gather to (B|1, H, q, k); without gradients the bias per distance is
+    kept (`DistanceBias`), so a decoding step reads its row instead of bucketing the distances to its prefix.
     """
 
     title = "T5 bias"
@@ -386,6 +428,7 @@ class T5BiasPositionEncoding(PositionEncoding):
 
     def __init__(self, config, stack):
         super().__init__(config, stack)
+        self.keep_derived_tables()  # the bias per distance for decoding (`DistanceBias`)
         heads, _ = stack_heads_layers(config, stack)
         self.num_buckets = config.t5_bias_num_buckets
         self.max_distance = config.t5_bias_max_distance
@@ -413,16 +456,19 @@ class T5BiasPositionEncoding(PositionEncoding):
         # T5's initialisation of the relative attention bias: N(0, d_model^-1/2).
         init.normal_(self.table, mean=0.0, std=self.config.d_model**-0.5)
 
-    def score_bias(self, layer_idx, context):
-        distances, index = distinct_distances(context)  # (R,), (B|1, q, k)
+    def bias_per_distance(self, distances: torch.Tensor) -> torch.Tensor:
+        """b_h[bucket(r)] for distances r (R,): (H, R)."""
         buckets = t5_relative_bucket(distances, self.bidirectional, self.num_buckets, self.max_distance)
-        return self.table[buckets].T[:, index].movedim(0, 1)  # (B|1, H, q, k)
+        return self.table[buckets].T
+
+    def score_bias(self, layer_idx, context):
+        return self.distance_bias(T5_BIAS_TABLE, [self.table], self.bias_per_distance, context)
 
 
 MLP_INIT_STD, MLP_INIT_BIAS = 0.1, 0.1  # Adaptive-T5's MLP initialisation in the authors' code
 
 
-class AdaptiveT5PositionEncoding(PositionEncoding):
+class AdaptiveT5PositionEncoding(DistanceBias, PositionEncoding):
     """Adaptive-T5 (Wu et al., AAAI 2021): T5's bias with learned soft buckets.
 
     With r = j - i, head h:  f_h(r) = 1 - exp(-alpha_h r) for r > 0 and f_h(r) = 1 - exp(beta_h r) for
@@ -436,7 +482,9 @@ class AdaptiveT5PositionEncoding(PositionEncoding):
     authors' choice); `adaptive_t5_every_layer=True` gives every layer its own parameters.
 
     The bias depends on r only, so the MLP runs over the distinct distances (at most q + k - 1 per head)
-    and is then gathered to (B|1, H, q, k). Deviation from the authors' released code: it slices the
+    and is then gathered to (B|1, H, q, k). Without gradients and dropout (decoding) it runs once over a range
+    of distances in full precision and the result is kept (`DistanceBias`): a decoding step reads its row of
+    the table instead of running the MLP over the distances to its whole prefix in every biased layer. Deviation from the authors' released code: it slices the
     decoder bias to [:1, :1] during incremental inference, dropping the positional signal at test time; here
     query row t sees keys 0..t exactly as in training. The rest follows the authors' released MT code: L =
     256 (their A = 1 / max_length with THUMT's max_length 256), MLP weights from a normal with std 0.1
@@ -472,6 +520,7 @@ class AdaptiveT5PositionEncoding(PositionEncoding):
 
     def __init__(self, config, stack):
         super().__init__(config, stack)
+        self.keep_derived_tables()  # the bias per distance for decoding (`DistanceBias`)
         heads, layers = stack_heads_layers(config, stack)
         self.every_layer = config.adaptive_t5_every_layer
         self.max_length = config.adaptive_t5_max_length
@@ -526,9 +575,14 @@ class AdaptiveT5PositionEncoding(PositionEncoding):
     def score_bias(self, layer_idx, context):
         if layer_idx > 0 and not self.every_layer:
             return None
-        distances, index = distinct_distances(context)  # (R,), (B|1, q, k)
-        bias = self.bias_per_distance(layer_idx if self.every_layer else 0, distances)  # (H, R)
-        return bias[:, index].movedim(0, 1)  # (B|1, H, q, k)
+        table = layer_idx if self.every_layer else 0
+        return self.distance_bias(
+            f"bias_per_distance_{table}",
+            list(self.parameters()),
+            lambda distances: self.bias_per_distance(table, distances),
+            context,
+            stochastic=self.dropout > 0,
+        )
 
 
 def alibi_slopes(num_heads: int) -> torch.Tensor:

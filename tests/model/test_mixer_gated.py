@@ -5,6 +5,8 @@ import math
 
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
 
 from hf_posenc.base import (
     CROSS_ATTENTION,
@@ -332,11 +334,26 @@ def test_model_folded_and_decoded_under_inference_mode_matches_the_unfolded_mode
     torch.testing.assert_close(folded, unfolded)
 
 
-def test_unfolded_aposnet_decoding_projects_position_keys_once_and_follows_changes_of_w_k(
+class ElementsWritten(TorchDispatchMode):
+    """Counts the elements of the tensors that the operators run under it write (views write none)."""
+
+    def __init__(self):
+        super().__init__()
+        self.count = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if not func.is_view:
+            self.count += sum(t.numel() for t in tree_leaves(out) if isinstance(t, torch.Tensor))
+        return out
+
+
+def test_unfolded_aposnet_decoding_keeps_position_keys_and_copies_none_of_them_per_step(
     source_batch, tiny_model
 ):
-    """Without gradients, aPosNet's keys W^K m̃ of all positions are projected once and then read by row, so a
-    decoding step does not project its prefix again; changing W^K (training, loading) refreshes them."""
+    """Without gradients, aPosNet's keys W^K m̃ of all positions are projected once and kept; a decoding step
+    reads its energies off its query times the kept keys, so it writes O(H k) elements, not its prefix's keys
+    (k D); the energies equal Eq. 8 computed with gradients on, for any key positions, also after W^K changes."""
     model = tiny_model(decoder_self_attention="aposnet")
     mixer = model.model.decoder.layers[0].self_attn
     projected_rows = []
@@ -346,10 +363,15 @@ def test_unfolded_aposnet_decoding_projects_position_keys_once_and_follows_chang
         model.generate(input_ids=src, attention_mask=mask, max_new_tokens=8, min_new_tokens=8, num_beams=1)
     assert projected_rows == [mixer.max_positions]  # one projection of the whole table, not one per step
 
-    positions = torch.arange(6)[None]
+    keys = mixer.max_positions - 4
+    step = context([keys - 1], range(keys))  # the last query against its prefix
+    with torch.no_grad(), ElementsWritten() as written:
+        mixer.energies_for(step)
+    assert written.count < keys * mixer.embed_dim
+
     doubled = {"model.decoder.layers.0.self_attn.k_proj.weight": 2.0 * mixer.k_proj.weight.detach()}
     model.load_state_dict({**model.state_dict(), **doubled})  # W^K changes in place
-    with torch.no_grad():
-        cached = mixer.position_keys(positions)
-    expected = mixer.k_proj(mixer.position_vectors[positions])  # gradients on: computed directly
-    torch.testing.assert_close(cached, expected)
+    for ctx in (step, context([5], range(6)), context([2, 9], [0, 4, 9, 13])):
+        with torch.no_grad():
+            kept = mixer.energies_for(ctx)
+        torch.testing.assert_close(kept, mixer.energies_for(ctx))  # gradients on: computed directly

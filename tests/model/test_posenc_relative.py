@@ -4,6 +4,7 @@ Each scheme's attention is recomputed entry by entry from its paper's equation o
 match the vectorised module, including clipping/bucketing, padding and the decoder's cached positions.
 """
 
+import copy
 import math
 
 import pytest
@@ -263,6 +264,67 @@ def test_adaptive_t5_is_first_layer_only_unless_every_layer_is_set(tiny_model):
         assert not torch.equal(
             encoding.score_bias(0, context_of(every)), encoding.score_bias(1, context_of(every))
         )
+
+
+DISTANCE_BIASES = {
+    "t5_bias": dict(position_encoding="t5_bias"),
+    "adaptive_t5-every-layer": dict(position_encoding="adaptive_t5", adaptive_t5_every_layer=True),
+}
+
+
+@pytest.mark.parametrize("overrides", DISTANCE_BIASES.values(), ids=DISTANCE_BIASES.keys())
+def test_decoding_reads_a_kept_bias_per_distance_instead_of_recomputing_the_prefix(
+    overrides, monkeypatch, source_batch, tiny_model
+):
+    """Without gradients the bias of every distance up to a power of two is computed once per table (T5: the
+    stack's; Adaptive-T5: each biased layer's) and kept, so the decoding steps of `generate` compute no bias per
+    distance of their own; a longer context extends the table."""
+    model = tiny_model(**overrides)
+    encoding = model.model.decoder.position_encoding
+    computed = []  # distances each call of the bias per distance covers
+    compute = encoding.bias_per_distance
+
+    def recording(*args):
+        computed.append(args[-1].numel())
+        return compute(*args)
+
+    monkeypatch.setattr(encoding, "bias_per_distance", recording)
+    src, mask = source_batch()
+    tables = 1 if encoding.score_bias_shared_by_layers else model.config.decoder_layers
+    with torch.no_grad():
+        model.generate(input_ids=src, attention_mask=mask, max_new_tokens=12, min_new_tokens=12, num_beams=2)
+    # each table covers -(L-1)..L-1, built for L = 1, 2, 4, 8, 16 as the prefix grows to 13 tokens: five builds
+    # per table over the whole generation (beam search included), none per step
+    assert sorted(computed) == sorted([1, 3, 7, 15, 31] * tables)
+
+
+@pytest.mark.parametrize("overrides", DISTANCE_BIASES.values(), ids=DISTANCE_BIASES.keys())
+def test_the_kept_bias_per_distance_follows_parameter_changes(overrides, tiny_model):
+    """The kept bias equals the bias computed with gradients on, also after the parameters change in place
+    (loading) and for a longer context than the kept table covers."""
+    model = tiny_model(**overrides)
+    encoding = model.model.decoder.position_encoding
+    contexts = [decoder_context(model, 5, 1), decoder_context(model, 0, 7), decoder_context(model, 30, 2)]
+    for scale in (1.0, 3.0):  # the kept tables of the first pass are stale in the second
+        state = {name: scale * value for name, value in encoding.state_dict().items()}
+        encoding.load_state_dict(state)  # in place
+        reference = copy.deepcopy(encoding)  # computes with gradients on, leaving `encoding`'s tables alone
+        with torch.no_grad():
+            kept = [encoding.score_bias(0, context) for context in contexts]
+        for context, bias in zip(contexts, kept, strict=True):
+            torch.testing.assert_close(bias, reference.score_bias(0, context))
+
+
+def test_adaptive_t5_keeps_no_bias_while_its_dropout_acts(tiny_model):
+    """In training the MLP's dropout draws a new mask per forward, with or without gradients."""
+    model = tiny_model(position_encoding="adaptive_t5").train()
+    encoding = model.model.decoder.position_encoding
+    context = decoder_context(model, 4, 1)
+    with torch.no_grad():
+        assert not torch.equal(encoding.score_bias(0, context), encoding.score_bias(0, context))
+    model.eval()
+    with torch.no_grad():
+        assert torch.equal(encoding.score_bias(0, context), encoding.score_bias(0, context))
 
 
 def test_alibi_slopes_follow_the_papers_geometric_sequence():
