@@ -1,15 +1,20 @@
-"""Decoding speed and BLEU of `generate` against the fast loop and the CTranslate2 exports (fp32, int8), CPU.
+"""Decoding speed and BLEU of `generate` against the fast loop (float32, int8) and the CTranslate2 exports (float32,
+int8), CPU.
 
 Translates the test set (Multi30k test_2016_flickr En->De by default, 1000 sentences) with the model's saved
 generation config (beam 4, length penalty 0.6, source length + 50) at 1 thread and at all cores: `generate`
 (torch fp32, `evaluation.translate` with `fast_decoding=False`), the fast loop (fast_decoding.py, the same
-with `fast_decoding=True`) and CTranslate2 (`CTranslate2Model.translate`) with float32 and int8
-weights. Threads are pinned for both (torch.set_num_threads, CTranslate2's intra_threads; one translation at a
-time). Reports sentences/s, the speed-up over `generate` at the same thread count, BLEU (sacreBLEU 13a) and how
-many lines equal `generate`'s, as a markdown table that replaces the measured section of docs/export.md
-(--doc; `--doc ''` only prints it).
+with `fast_decoding=True`), the fast loop with int8 linear layers (`quantize_int8`,
+pipeline/evaluation/quantization.py) and CTranslate2 (`CTranslate2Model.translate`) with float32 and int8 weights;
+`--systems` picks some of them (`generate` always runs, it is the baseline; a model CTranslate2 cannot express
+needs `--systems fast torch-int8`). Threads are pinned for both (torch.set_num_threads, CTranslate2's
+intra_threads; one translation at a time). Reports sentences/s, the speed-up over `generate` at the same thread
+count in wall time and in the process's CPU time (which leaves out the time other jobs hold the cores: at one
+thread the two agree on a quiet machine), BLEU (sacreBLEU 13a) and how many lines equal `generate`'s, as a
+markdown table that replaces the measured section of docs/export.md (--doc; `--doc ''` only prints it).
 
     python -m benchmarks.ctranslate2_decode outputs/run
+    python -m benchmarks.ctranslate2_decode outputs/run --threads 1 --systems fast torch-int8 --doc ''
 """
 
 import argparse
@@ -23,6 +28,7 @@ import torch
 
 from hf_posenc.pipeline.data.files import read_parallel
 from hf_posenc.pipeline.evaluation.decoding import load_translation_model, translate
+from hf_posenc.pipeline.evaluation.quantization import quantize_int8
 from hf_posenc.pipeline.evaluation.scoring import score_translations
 from hf_posenc.pipeline.export.ctranslate2 import CTranslate2Model, export_ctranslate2
 from hf_posenc.pipeline.training.hardware import describe_hardware
@@ -33,34 +39,49 @@ DATA = MULTI30K
 DOC = Path(__file__).resolve().parents[1] / "docs" / "export.md"
 BEGIN, END = "<!-- ctranslate2-benchmark:begin -->", "<!-- ctranslate2-benchmark:end -->"
 QUANTIZATIONS = ("float32", "int8")
+# The systems besides `generate` (the baseline, always run), by their --systems name.
+SYSTEMS = {
+    "fast": "fast loop (torch fp32)",
+    "torch-int8": "fast loop (torch int8)",
+    **{f"ctranslate2-{name}": f"CTranslate2 {name}" for name in QUANTIZATIONS},
+}
+BASELINE = "HF generate (torch fp32)"
 
 
 def timed(function):
-    """(result, seconds) of `function()`."""
-    started = time.perf_counter()
+    """(result, wall seconds, process CPU seconds) of `function()`."""
+    started, started_cpu = time.perf_counter(), time.process_time()
     result = function()
-    return result, time.perf_counter() - started
+    return result, time.perf_counter() - started, time.process_time() - started_cpu
 
 
-def measure(model_dir: Path, sources, references, threads: list[int], batch_size: int) -> list[dict]:
-    """One row per (system, thread count): seconds, sentences/s, speed-up over `generate`, BLEU, identical lines."""
+def torch_runs(model, tokenizer, sources, batch_size: int, systems: list[str]) -> dict:
+    """The torch systems to run, by row name: `generate`, then the fast loop in float32 and with int8 layers."""
+    int8_model = quantize_int8(model) if "torch-int8" in systems else None  # a copy: `model` stays float32
+    runs = {
+        BASELINE: lambda: translate(model, tokenizer, sources, batch_size=batch_size, fast_decoding=False)
+    }
+    if "fast" in systems:
+        runs[SYSTEMS["fast"]] = lambda: translate(model, tokenizer, sources, batch_size=batch_size)
+    if int8_model is not None:
+        runs[SYSTEMS["torch-int8"]] = lambda: translate(int8_model, tokenizer, sources, batch_size=batch_size)
+    return runs
+
+
+def measure(model_dir: Path, sources, references, threads: list[int], batch_size: int, systems) -> list[dict]:
+    """One row per (system, thread count): sentences/s, speed-up over `generate` (wall and CPU time), BLEU,
+    identical lines."""
     model, tokenizer = load_translation_model(model_dir)
     model = model.float().eval()
+    exports = [name for name in QUANTIZATIONS if f"ctranslate2-{name}" in systems]
     rows = []
     with tempfile.TemporaryDirectory() as scratch:
-        folders = {name: Path(scratch) / name for name in QUANTIZATIONS}
+        folders = {name: Path(scratch) / name for name in exports}
         for name, folder in folders.items():
             export_ctranslate2(model_dir, folder, quantization=name)
         for count in threads:
             torch.set_num_threads(count)
-            runs = {
-                "HF generate (torch fp32)": lambda: translate(
-                    model, tokenizer, sources, batch_size=batch_size, fast_decoding=False
-                ),
-                "fast loop (torch fp32)": lambda: translate(
-                    model, tokenizer, sources, batch_size=batch_size, fast_decoding=True
-                ),
-            }
+            runs = torch_runs(model, tokenizer, sources, batch_size, systems)
             for name, folder in folders.items():
                 export = CTranslate2Model.load(folder, threads=count)
                 runs[f"CTranslate2 {name}"] = lambda export=export: export.translate(
@@ -68,14 +89,15 @@ def measure(model_dir: Path, sources, references, threads: list[int], batch_size
                 )
             baseline = None
             for system, run in runs.items():
-                outputs, seconds = timed(run)
-                baseline = baseline or (outputs, seconds)
+                outputs, seconds, cpu_seconds = timed(run)
+                baseline = baseline or (outputs, seconds, cpu_seconds)
                 rows.append(
                     {
                         "system": system,
                         "threads": count,
                         "sentences_per_second": len(sources) / seconds,
                         "speed_up": baseline[1] / seconds,
+                        "cpu_speed_up": baseline[2] / cpu_seconds,
                         "bleu": score_translations(outputs, references)["bleu"],
                         "identical": sum(a == b for a, b in zip(outputs, baseline[0], strict=True)),
                     }
@@ -93,15 +115,16 @@ def table(rows: list[dict], model_dir: Path, test_name: str, sentences: int, bat
         "",
         f"Machine: {describe_hardware('cpu').line()}. Load average at the end: {load} (1, 5, 15 min; above"
         f" {os.cpu_count()} the machine was shared with other jobs). The ratios compare runs made one after"
-        " another in one process.",
+        " another in one process; 'in CPU time' divides the process's CPU seconds instead of wall seconds.",
         "",
-        "| system | threads | sentences/s | speed vs HF generate | BLEU | lines identical to HF generate |",
-        "| --- | --- | --- | --- | --- | --- |",
+        "| system | threads | sentences/s | speed vs HF generate | in CPU time | BLEU | lines identical to HF generate |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
     ]
     for row in rows:
         lines.append(
             f"| {row['system']} | {row['threads']} | {row['sentences_per_second']:.1f} | "
-            f"{row['speed_up']:.2f}x | {row['bleu']:.2f} | {row['identical']}/{sentences} |"
+            f"{row['speed_up']:.2f}x | {row['cpu_speed_up']:.2f}x | {row['bleu']:.2f} | "
+            f"{row['identical']}/{sentences} |"
         )
     return "\n".join(lines)
 
@@ -128,11 +151,19 @@ def main():
     parser.add_argument(
         "--threads", type=int, nargs="+", default=[1, len(os.sched_getaffinity(0))], help="default: 1 and all"
     )
+    parser.add_argument(
+        "--systems",
+        nargs="+",
+        choices=list(SYSTEMS),
+        default=list(SYSTEMS),
+        help="besides generate (always run): default all",
+    )
     parser.add_argument("--doc", default=str(DOC), help="markdown file whose measured section is replaced")
     args = parser.parse_args()
     test = read_parallel(args.source, args.reference)
     sources, references = test.source[: args.limit], test.target[: args.limit]
-    rows = measure(args.model_dir, sources, references, sorted(set(args.threads)), args.batch_size)
+    threads = sorted(set(args.threads))
+    rows = measure(args.model_dir, sources, references, threads, args.batch_size, args.systems)
     section = table(rows, args.model_dir, test.name, len(sources), args.batch_size)
     print(section)
     if args.doc:

@@ -15,6 +15,7 @@ from ...model_checks import check_generation_settings
 from ..cli import check_number
 from ..training.pretrained import MODEL_TYPES
 from ..training.progress import LOG_EVERY_SECONDS, ProgressReport
+from .quantization import is_int8, quantize_int8
 
 # The files `from_pretrained` reads a model's weights from (one of them).
 WEIGHT_FILES = (
@@ -112,7 +113,9 @@ def translate(
     `bf16` decoding runs in bf16 autocast. Progress (sentences done/total) goes to a tqdm bar when
     `progress_stream` (default stderr) is a terminal and `progress_bar` is on, else to log lines every
     `progress_every_seconds`. hf_posenc's models decode through the fast loop (`fast_decoding=True`, token-identical
-    to transformers' loop; fast_decoding.py) unless `generate_kwargs` say `fast_decoding=False`.
+    to transformers' loop; fast_decoding.py) unless `generate_kwargs` say `fast_decoding=False`. A model made int8
+    (`load_translation_model(..., int8=True)`, quantization.py) computes in float32 around its int8 layers: `bf16`
+    is refused for it.
 
     With `split_sentences`, every source text is cut into its sentences (`split_sentences`), the sentences of all
     texts are translated as one set, and each text's translations are joined with a space in their order: a
@@ -122,6 +125,11 @@ def translate(
     check_number("batch_size", batch_size, minimum=1, integer=True)
     if not isinstance(bf16, bool):
         raise TypeError(f"bf16={bf16!r} must be True or False")
+    if bf16 and is_int8(model):
+        raise ValueError(
+            "bf16=True: the model's linear layers are int8 (quantize_int8), which compute in float32; allowed "
+            "with an int8 model: bf16=False"
+        )
     kind = check_sources(sources)
     progress = {"progress_every_seconds": progress_every_seconds, "progress_stream": progress_stream}
     progress["progress_bar"] = progress_bar
@@ -175,12 +183,15 @@ def translate_by_sentence(model, tokenizer, sources: Sequence[str], batch_size: 
     return [" ".join(next(translations) for _ in sentences) for sentences in texts]
 
 
-def load_translation_model(folder, trust_remote_code: bool = False, **config_fields):
+def load_translation_model(folder, trust_remote_code: bool = False, *, int8: bool = False, **config_fields):
     """(model, tokenizer) of a saved model folder, with errors that name what is missing or unreadable; the
     generation config is checked as `generate` would check it (`check_saved_generation_config`). `config_fields`
-    change the saved config's fields for this load (e.g. `rope_scaling` at inference)."""
+    change the saved config's fields for this load (e.g. `rope_scaling` at inference). With `int8`, the model's
+    linear layers are replaced by int8 ones for inference on the CPU (`quantize_int8`; docs/decoding.md)."""
     from transformers import AutoModelForSeq2SeqLM
 
+    if not isinstance(int8, bool):
+        raise TypeError(f"int8={int8!r} must be True or False")
     folder = Path(folder)
     check_model_files(folder)
     try:
@@ -196,6 +207,8 @@ def load_translation_model(folder, trust_remote_code: bool = False, **config_fie
             "were saved with"
         ) from None
     check_saved_generation_config(model, folder)
+    if int8:
+        quantize_int8(model.eval(), inplace=True)
     return model, load_tokenizer(folder, trust_remote_code)
 
 
