@@ -202,7 +202,8 @@ class UpdateBudgetCheck(TrainerCallback):
     `min_updates` (unless `max_steps` asks for fewer anyway). With `stop`, such a run ends there instead of
     spending its budget on a model that cannot learn (the caller exits saying so). The estimate is kept in
     `self.estimate` (a dict for scores.json; made at the end of training if it ends before the measurement
-    point)."""
+    point). Under `torch.compile`, `compile_seconds()` gives the seconds spent compiling, which the measured
+    speed leaves out (a graph is compiled once per batch shape; `compilation.CompileClock`)."""
 
     def __init__(
         self,
@@ -215,6 +216,7 @@ class UpdateBudgetCheck(TrainerCallback):
         start: float | None = None,
         clock: Callable[[], float] = time.monotonic,
         stop: bool = False,
+        compile_seconds: Callable[[], float] | None = None,
     ):
         if not minutes or minutes <= 0:
             raise ValueError(f"minutes={minutes!r}: the budget check needs a positive wall-clock budget")
@@ -227,16 +229,21 @@ class UpdateBudgetCheck(TrainerCallback):
         self.given_start = start
         self.clock = clock
         self.stop = stop
+        self.compile_seconds = compile_seconds or (lambda: 0.0)
         self.estimate: dict | None = None
 
     def on_train_begin(self, args, state, control, **kwargs):
         self.start = self.clock() if self.given_start is None else self.given_start
         self.first_step = state.global_step
 
+    def elapsed(self) -> float:
+        """Seconds since the start, less those spent compiling."""
+        return self.clock() - self.start - self.compile_seconds()
+
     def on_step_end(self, args, state, control, **kwargs):
         if self.estimate is not None:
             return
-        updates, elapsed = state.global_step - self.first_step, self.clock() - self.start
+        updates, elapsed = state.global_step - self.first_step, self.elapsed()
         if updates >= self.measure_updates or elapsed >= self.measure_seconds:
             self.assess(state, updates, elapsed)
             if self.stop and self.estimate["too_few_updates"]:
@@ -246,7 +253,7 @@ class UpdateBudgetCheck(TrainerCallback):
     def on_train_end(self, args, state, control, **kwargs):
         updates = state.global_step - self.first_step
         if self.estimate is None and updates > 0:
-            self.assess(state, updates, self.clock() - self.start)
+            self.assess(state, updates, self.elapsed())
 
     def fixes(self, seconds_per_update: float) -> list[str]:
         """What would give enough updates, most likely first."""
@@ -269,13 +276,15 @@ class UpdateBudgetCheck(TrainerCallback):
 
     def assess(self, state, updates: int, elapsed: float) -> None:
         seconds_per_update = elapsed / updates if updates else float("inf")
-        by_budget = self.first_step + int(self.minutes * 60 / seconds_per_update)
+        compiling = self.compile_seconds()  # spent from the budget, not part of the speed
+        by_budget = self.first_step + int(max(0.0, self.minutes * 60 - compiling) / seconds_per_update)
         threads = self.hardware.threads if self.hardware is not None else torch.get_num_threads()
         too_few = by_budget < min(self.min_updates, state.max_steps)
         self.estimate = {
             "seconds_per_update": round(seconds_per_update, 3),
             "measured_updates": updates,
             "measured_seconds": round(elapsed, 1),
+            "compile_seconds": round(compiling, 1),
             "budget_minutes": self.minutes,
             "updates_allowed_by_budget": by_budget,
             "expected_updates": min(by_budget, state.max_steps),

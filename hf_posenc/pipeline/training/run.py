@@ -314,6 +314,8 @@ class TrainingReport:
     autocast: str = "no"
     memory_reused: bool = False  # --cpu_memory reuse applied (a glibc CPU)
     batch_padding: dict | None = None  # the first epoch's token-budget batches padded (`batch_padding`)
+    # under --torch_compile: {"seconds": spent compiling (inside the budget), "compilations": their number}
+    compilation: dict | None = None
 
 
 def trainer_arguments(args: Arguments, precision) -> Seq2SeqTrainingArguments:
@@ -345,7 +347,7 @@ def batch_padding(args: Arguments, data: PreparedData, seed: int) -> dict:
     positions (`batching.padding_report`), with --length_buckets the positions the buckets add and the distinct
     batch shapes."""
     sampler = TokenBudgetBatchSampler(data.train["length"], args.data.max_tokens, seed=seed)
-    buckets = args.data.length_buckets
+    buckets = args.length_buckets
     report = padding_report(
         sampler, list_lengths(data.train, "input_ids"), list_lengths(data.train, "labels"), buckets
     )
@@ -380,11 +382,17 @@ def build_trainer(args: Arguments, model, data: PreparedData, training, precisio
         callbacks=[time_budget] if time_budget else [],
         compute_metrics=translation_metrics(data.tokenizer) if args.run.eval_bleu else None,
         max_tokens=max_tokens,
-        length_buckets=args.data.length_buckets,
+        length_buckets=args.length_buckets,
         lr_plan=plan,
     )
     if plan is not None:  # after the time budget's callback, whose clock it reads
-        trainer.add_callback(BudgetSchedule(plan, args.run.minutes, lambda: time_budget.spent_seconds))
+        schedule = BudgetSchedule(
+            plan,
+            args.run.minutes,
+            lambda: time_budget.spent_seconds,
+            compile_seconds=trainer.compile_clock,
+        )
+        trainer.add_callback(schedule)
     trainer.remove_callback(ProgressCallback)
     trainer.add_callback(TrainingProgressCallback(lambda: trainer.target_tokens, args.run.minutes or None))
     check = None
@@ -393,7 +401,11 @@ def build_trainer(args: Arguments, model, data: PreparedData, training, precisio
         # (one process: processes that measured apart could disagree, and one would wait for the other)
         stop = args.run.fail_on_degenerate and training.world_size == 1
         check = UpdateBudgetCheck(
-            args.run.minutes, precision.precision, describe_hardware(training.device), stop=stop
+            args.run.minutes,
+            precision.precision,
+            describe_hardware(training.device),
+            stop=stop,
+            compile_seconds=trainer.compile_clock,
         )
         trainer.add_callback(check)
     return trainer, plan, check, padding
@@ -436,8 +448,19 @@ def train(args: Arguments, model, data: PreparedData, precision) -> tuple[Transl
         trainer.accelerator.mixed_precision if trainer.accelerator.native_amp else "no",
         memory_reused,
         padding,
+        compilation_summary(trainer.compile_clock),
     )
     return trainer, report
+
+
+def compilation_summary(clock) -> dict | None:
+    """Under --torch_compile, the seconds spent compiling and the number of compilations, logged."""
+    if clock is None:
+        return None
+    logger.info(
+        "torch.compile: %d compilations took %.0f s of the training time", clock.compilations, clock.seconds
+    )
+    return {"seconds": round(clock.seconds, 1), "compilations": clock.compilations}
 
 
 @dataclass
@@ -547,6 +570,7 @@ def run_record(
         "attention_backend": backend.backend,
         "attention_probe": backend.as_dict(),
         "torch_compile": args.training.torch_compile,
+        "compilation": report.compilation,
         "cpu_memory_reused": report.memory_reused,
         "batch_padding": report.batch_padding,
         "training_target_tokens": report.target_tokens,

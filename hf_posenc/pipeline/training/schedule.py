@@ -18,6 +18,12 @@ the number of updates the budget allows and plans:
   or freer does); when the updates left move by more than `replan_factor` and by at least `check_every`
   updates, the decay is re-planned from where it stands, continuously, to the new end.
 
+Under `torch.compile` the seconds spent compiling (`compilation.CompileClock`, given as `compile_seconds`) are
+spent from the budget like any other, and left out of the measured speed: a graph is compiled once per batch
+shape, and the updates after it do not pay for it again. So the plan projects the updates that the budget left
+after compilation allows at the compiled speed; a later compilation (a batch shape seen for the first time) shortens
+what is left, and the next check re-plans if that moves the end.
+
 The plan (`SchedulePlan`, a callable the `LambdaLR` scheduler holds) is kept with every checkpoint, logged,
 and written to scores.json and the model card.
 """
@@ -61,7 +67,8 @@ class SchedulePlan:
 
 class BudgetSchedule(TrainerCallback, ExportableState):
     """Plans `plan` for `minutes` of training once the speed is known, and re-plans when it changes.
-    `spent_seconds()` is the training time spent so far, earlier attempts of a resumed run included."""
+    `spent_seconds()` is the training time spent so far, earlier attempts of a resumed run included;
+    `compile_seconds()` the part of it spent compiling in this attempt (None: no compilation)."""
 
     def __init__(
         self,
@@ -75,6 +82,7 @@ class BudgetSchedule(TrainerCallback, ExportableState):
         measure_seconds: float = 60.0,
         check_every: int = 20,
         replan_factor: float = 1.25,
+        compile_seconds: Callable[[], float] | None = None,
     ):
         self.plan = plan
         self.budget_seconds = minutes * 60
@@ -86,8 +94,11 @@ class BudgetSchedule(TrainerCallback, ExportableState):
         self.measure_seconds = measure_seconds
         self.check_every = check_every
         self.replan_factor = replan_factor
+        self.compile_seconds = compile_seconds or (lambda: 0.0)
         self.max_warmup = plan.warmup_steps
-        self.mark = None  # (update, seconds) where the current speed measurement started
+        self.mark = (
+            None  # (update, seconds spent, of them compiling) where the current speed measurement started
+        )
 
     def state(self) -> dict:
         return {"args": {}, "attributes": {}, "plan": self.plan.as_dict()}
@@ -98,11 +109,12 @@ class BudgetSchedule(TrainerCallback, ExportableState):
             vars(self.plan).update(saved["plan"])
         if self.plan.save_steps:
             state.save_steps = self.plan.save_steps
-        self.mark = (state.global_step, self.spent_seconds())
+        self.mark = (state.global_step, self.spent_seconds(), self.compile_seconds())
 
     def on_step_end(self, args, state, control, **kwargs):
         step, spent = state.global_step, self.spent_seconds()
-        updates, seconds = step - self.mark[0], spent - self.mark[1]
+        # the seconds of the updates since the mark, less those spent compiling
+        updates, seconds = step - self.mark[0], spent - self.mark[1] - (self.compile_seconds() - self.mark[2])
         if self.plan.end is None:
             if updates >= self.measure_updates or (seconds >= self.measure_seconds and updates > 0):
                 self.replan(state, step, spent, seconds / updates)
@@ -130,7 +142,7 @@ class BudgetSchedule(TrainerCallback, ExportableState):
         plan.save_steps = max(1, round(self.average_share * plan.end / self.checkpoints))
         plan.replans += 0 if first else 1
         state.save_steps = plan.save_steps
-        self.mark = (step, spent)
+        self.mark = (step, spent, self.compile_seconds())
         logger.info(
             "%s: %.2f s per update -> about %d updates in the budget; warm-up %d, linear decay from update %d to %g "
             "x peak at %d, a checkpoint every %d updates",

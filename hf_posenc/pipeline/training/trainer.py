@@ -3,7 +3,9 @@
 * `TranslationTrainer`: the Trainer with token-budget batches (`max_tokens`) instead of a fixed number of
   sentences, through its `get_train_dataloader` hook, padded to length buckets where `length_buckets` are
   given (`batching.BucketPadding`), a count of the target tokens it trained on, and the learning-rate schedule
-  planned for a time budget (`schedule.SchedulePlan`) where one is given;
+  planned for a time budget (`schedule.SchedulePlan`) where one is given, label smoothing computed by torch's
+  `cross_entropy` (`CrossEntropyLabelSmoother`), and under `--torch_compile` its compilations timed and its
+  bucketed batches marked for graph reuse (`compilation.py`);
 * `TimeBudgetCallback`: stops training after a wall-clock budget, counted across resumes;
 * `tokenize_parallel`: tokenised pairs with their lengths, over-long pairs rejected;
 * `translation_metrics`: BLEU and chrF++ of generated validation translations for `compute_metrics`;
@@ -18,9 +20,11 @@ from torch.optim.lr_scheduler import LambdaLR
 from torch.utils.data import DataLoader
 from transformers import Seq2SeqTrainer, TrainerCallback
 from transformers.trainer_callback import ExportableState
+from transformers.trainer_pt_utils import LabelSmoother
 
 from ..data.batching import BucketPadding, TokenBudgetBatchSampler, as_lengths
 from ..evaluation.scoring import score_translations
+from .compilation import CompileClock, mark_batch_shapes, recompile_limit
 
 
 def tokenize_parallel(
@@ -53,19 +57,59 @@ def tokenize_parallel(
     )
 
 
+class CrossEntropyLabelSmoother(LabelSmoother):
+    """transformers' `LabelSmoother` loss, computed by torch's `cross_entropy(label_smoothing=epsilon)`: per label
+    token (1 - ε) × its negative log-likelihood + ε × the mean of -log p over the vocabulary (label smoothing,
+    Szegedy et al. 2016, "Rethinking the Inception Architecture", §7), summed over the tokens whose label is not
+    `ignore_index` and divided by `num_items_in_batch` (or, without it, by their number), in fp32 as
+    `LabelSmoother` computes it. The same value and gradients in one fused kernel, where `LabelSmoother` makes a
+    negated copy of the log-probabilities, gathers and sums them over the vocabulary: the loss's forward and
+    backward take half the time on the default recipe's logits (docs/training.md)."""
+
+    def __call__(self, model_output, labels, shift_labels=False, num_items_in_batch=None):
+        logits = model_output["logits"] if isinstance(model_output, dict) else model_output[0]  # (B, T, V)
+        if shift_labels:
+            logits, labels = logits[..., :-1, :], labels[..., 1:]
+        total = torch.nn.functional.cross_entropy(
+            logits.float().flatten(0, -2),  # (B·T, V)
+            labels.flatten(),  # (B·T,)
+            ignore_index=self.ignore_index,
+            label_smoothing=self.epsilon,
+            reduction="sum",
+        )
+        if num_items_in_batch is None:
+            return total / (labels != self.ignore_index).sum()
+        if torch.is_tensor(num_items_in_batch):
+            num_items_in_batch = num_items_in_batch.to(total.device)  # the count may be on another device
+        return total / num_items_in_batch
+
+
 class TranslationTrainer(Seq2SeqTrainer):
     """`Seq2SeqTrainer` whose training batches hold at most `max_tokens` padded tokens (None: the Trainer's own
     batches of `per_device_train_batch_size` sentences), each side padded further up to its length bucket where
-    `length_buckets` are given, counting the target tokens it trains on."""
+    `length_buckets` are given, counting the target tokens it trains on; its label smoothing is
+    `CrossEntropyLabelSmoother`."""
 
     def __init__(
         self, *args, max_tokens: int | None, length_buckets: list[int] | None = None, lr_plan=None, **kwargs
     ):
         super().__init__(*args, **kwargs)
+        if self.label_smoother is not None:
+            self.label_smoother = CrossEntropyLabelSmoother(epsilon=self.label_smoother.epsilon)
         self.max_tokens = max_tokens
         self.length_buckets = length_buckets
         self.lr_plan = lr_plan
         self.target_tokens = 0  # label tokens trained on in this process since it started
+        # the seconds spent compiling, under --torch_compile (the budget's callbacks read it)
+        self.compile_clock = CompileClock() if self.args.torch_compile else None
+
+    def train(self, *args, **kwargs):
+        """The Trainer's training, its compilations timed, with room for a graph per pair of length buckets."""
+        if self.compile_clock is None:
+            return super().train(*args, **kwargs)
+        limit = recompile_limit(self.length_buckets or [])
+        with self.compile_clock, torch._dynamo.config.patch(recompile_limit=limit):
+            return super().train(*args, **kwargs)
 
     def create_scheduler(self, num_training_steps: int, optimizer=None):
         if self.lr_plan is None or self.lr_scheduler is not None:
@@ -108,6 +152,8 @@ class TranslationTrainer(Seq2SeqTrainer):
 
     def training_step(self, model, inputs, num_items_in_batch=None):
         self.target_tokens += int((inputs["labels"] != -100).sum())
+        if self.compile_clock is not None and self.length_buckets and self.max_tokens is not None:
+            mark_batch_shapes(inputs)
         return super().training_step(model, inputs, num_items_in_batch)
 
 

@@ -1,5 +1,6 @@
 """Training progress and the budget check (hf_posenc/pipeline/training/progress.py), driven with a fake Trainer state
-and clock: a budget shows minutes, logs off a terminal are plain lines, and too slow updates warn loudly."""
+and clock: a budget shows minutes, logs off a terminal are plain lines, too slow updates warn loudly, and time
+spent compiling is spent from the budget but is not the speed of an update."""
 
 import io
 import logging
@@ -201,6 +202,28 @@ def test_with_stop_a_budget_too_short_ends_training_at_the_measurement_instead_o
     for _ in range(25):
         run.step(0.5)
     assert not run.control.should_training_stop and "stopped_at" not in fast.estimate
+
+
+def test_compile_time_is_spent_from_the_budget_but_not_counted_as_the_speed_of_an_update():
+    """Under torch.compile the first updates compile their graphs (here 300 s of the first minute's 301): the
+    check must neither read 300 s per update (and stop a healthy run) nor forget the 300 s spent."""
+    compiled = {"seconds": 0.0}
+    check = UpdateBudgetCheck(
+        minutes=16,
+        precision="bf16",
+        clock=FakeClock(),
+        stop=True,
+        compile_seconds=lambda: compiled["seconds"],
+    )
+    run = Run([check])
+    compiled["seconds"] = 300.0
+    run.step(301.0)  # the first update compiles
+    assert check.estimate is None  # one second of training measured, not 301
+    for _ in range(19):
+        run.step(1.0)
+    assert not run.control.should_training_stop
+    assert check.estimate["seconds_per_update"] == 1.0 and check.estimate["compile_seconds"] == 300.0
+    assert check.estimate["updates_allowed_by_budget"] == 16 * 60 - 300
 
 
 def test_budget_check_needs_a_budget():

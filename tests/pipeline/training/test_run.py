@@ -191,8 +191,9 @@ def test_default_recipe_reaches_the_measured_quality(multi30k_dir, tmp_path):
 def test_torch_compile_trains_what_eager_trains_and_saves_the_plain_model(tmp_path, tiny_run_flags):
     """`--torch_compile true` (a Trainer field, off by default: docs/training.md says where it was measured):
     the compiled step computes the eager step's losses (same seed, fp32, no dropout, whose random numbers
-    inductor draws differently) over token batches of changing shape, and the folder and checkpoints hold the
-    plain model's weights."""
+    inductor draws differently) over token batches of changing shape, padded to the compiled run's default length
+    buckets, with its compilations timed in scores.json, and the folder and checkpoints hold the plain model's
+    weights."""
 
     flags = [*tiny_run_flags(), "--dropout", "0", "--max_steps", "4", "--logging_steps", "1"]
     flags += ["--save_strategy", "steps", "--save_steps", "2", "--average_last", "0"]
@@ -200,6 +201,9 @@ def test_torch_compile_trains_what_eager_trains_and_saves_the_plain_model(tmp_pa
     eager = run.main([*flags, "--output_dir", str(tmp_path / "eager")])
     compiled = run.main([*flags, "--torch_compile", "true", "--output_dir", str(tmp_path / "compiled")])
     assert compiled["torch_compile"] is True and eager["torch_compile"] is False
+    assert compiled["batch_padding"]["length_buckets"] == list(arguments.COMPILE_LENGTH_BUCKETS)
+    assert eager["batch_padding"]["length_buckets"] is None and eager["compilation"] is None
+    assert compiled["compilation"]["compilations"] >= 1 and compiled["compilation"]["seconds"] > 0
 
     def losses(name):
         state = tmp_path / f"{name}-checkpoints" / "checkpoint-4" / "trainer_state.json"

@@ -1,5 +1,6 @@
 """The learning-rate plan for a time budget (pipeline/training/schedule.py), driven by a fake clock: fast, slow and
-changing speeds, continuity when re-planned, the checkpoint spacing that follows the plan, and resume."""
+changing speeds, continuity when re-planned, the checkpoint spacing that follows the plan, resume, and compile
+time spent from the budget but left out of the speed."""
 
 import json
 from types import SimpleNamespace
@@ -75,6 +76,24 @@ def test_a_moment_of_load_or_a_checkpoint_save_keeps_the_plan():
     run_.update(3, 15.0)
     run_.update(300, 1.0)
     assert run_.plan.replans == 0
+
+
+def test_compile_time_shortens_the_budget_and_is_not_the_speed_of_an_update():
+    """torch.compile: the first update compiles for 120 s, a new batch shape at update 400 for 60 s more. The plan
+    projects the updates of the budget left after compiling at the compiled speed, and still ends at the floor."""
+    compiled = {"seconds": 0.0}
+    run_ = FakeRun(compile_seconds=lambda: compiled["seconds"])
+    compiled["seconds"] = 120.0
+    run_.update(1, 121.0)
+    run_.update(19, 1.0)  # the speed is measured over these 20 updates: 1 s each, not (121 + 19) / 20
+    assert run_.plan.end == 960 - 120 and run_.plan.warmup_steps == 150 and run_.plan.replans == 0
+    run_.update(379, 1.0)
+    compiled["seconds"] = 180.0
+    run_.update(1, 61.0)
+    run_.until_budget(1.0)
+    assert len(run_.factors) == 960 - 180
+    assert run_.plan.end == pytest.approx(len(run_.factors), abs=run_.callback.check_every)
+    assert run_.factors[-1] < 0.05
 
 
 def test_a_small_change_of_speed_keeps_the_plan():
