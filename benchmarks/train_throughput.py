@@ -21,6 +21,7 @@ separate runs: their losses agree in distribution, not bit for bit.
 
 import argparse
 import logging
+import statistics
 import threading
 import time
 from dataclasses import dataclass, field
@@ -134,18 +135,26 @@ def train_arm(arm: Arm) -> None:
             arm.clock.turns.hand_on(arm.name, leave=True)
 
 
-def table(arms: list[Arm], baseline: str) -> str:
+def table(arms: list[Arm]) -> str:
+    """Per arm: its updates, target tokens, seconds of its first turn and of the others, target tokens/s over all
+    its turns and its ratio to the first arm's, and the median over turns 2.. of the first arm's seconds over this
+    arm's in the same turn (the arms train the same batches in the same order, so a turn's ratio is a speed ratio,
+    and the median discards the turns a burst of other work hit)."""
     rows = [
-        "| arm | updates | target tokens | first turn (s) | other turns (s) | target tokens/s | ratio | final loss |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+        "| arm | updates | target tokens | first turn (s) | other turns (s) | target tokens/s | ratio | median turn "
+        "ratio | final loss |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     speed = {arm.name: arm.trainer.target_tokens / sum(arm.clock.seconds) for arm in arms}
+    base = arms[0]
     for arm in arms:
         losses = [entry["loss"] for entry in arm.trainer.state.log_history if "loss" in entry]
+        turns = [b / a for a, b in zip(arm.clock.seconds[1:], base.clock.seconds[1:], strict=False)]
         rows.append(
             f"| {arm.name} | {arm.trainer.state.global_step} | {arm.trainer.target_tokens} | "
             f"{arm.clock.seconds[0]:.1f} | {sum(arm.clock.seconds[1:]):.1f} | {speed[arm.name]:.0f} | "
-            f"{speed[arm.name] / speed[baseline]:.3f} | {losses[-1] if losses else float('nan'):.3f} |"
+            f"{speed[arm.name] / speed[base.name]:.3f} | {statistics.median(turns) if turns else float('nan'):.3f} | "
+            f"{losses[-1] if losses else float('nan'):.3f} |"
         )
     return "\n".join(rows)
 
@@ -187,7 +196,7 @@ def main(argv=None) -> list[Arm]:
         f"\n<!-- {describe_hardware('cpu').line()}; other work took {100 * busy:.0f}% of the CPU time at the start; "
         f"load average {open('/proc/loadavg').read().split()[0]} at the end; {options.turn} updates per turn -->"
     )
-    print(table(arms, options.arms[0]))
+    print(table(arms))
     if options.evaluate:
         for arm in arms:
             model, averaged = run.trained_model(arm.args, arm.trainer)
