@@ -21,7 +21,12 @@ def test_the_arms_take_turns_and_each_trains_its_updates(tmp_path, tiny_run_flag
     assert arms[2].trainer.length_buckets and arms[1].trainer.length_buckets is None
     assert arms[0].trainer.target_tokens == arms[1].trainer.target_tokens == arms[2].trainer.target_tokens
     printed = capsys.readouterr().out
-    assert "median turn ratio" in printed and "| before | 6 |" in printed and "| buckets | 6 |" in printed and "CPU capability" in printed
+    assert (
+        "median turn ratio" in printed
+        and "| before | 6 |" in printed
+        and "| buckets | 6 |" in printed
+        and "CPU capability" in printed
+    )
 
 
 def test_turns_go_round_and_a_finished_arm_leaves_the_round():
