@@ -13,7 +13,8 @@ Two measurements over one line-aligned test set (sources, references):
 Every row reports sacreBLEU BLEU and chrF++ (`score_translations`), the hypothesis/reference length ratio
 (sacreBLEU's sys_len / ref_len: below 1 the model stops early), the sentence ends in the hypotheses and in the
 references (`count_sentence_ends`: with k sentences joined, a model that writes one sentence per input shows
-it here), the mean source length in tokens and the number of inputs.
+it here), the inputs whose translation holds at least as many sentence ends as their reference (a paragraph of
+k sentences translated whole), the mean source length in tokens and the number of inputs.
 
 **The ceiling.** Each joined row with k > 1 also scores the same model's sentence-by-sentence translations of the
 same groups: its k = 1 translations of the sentences of each group, joined like the sources (`ceiling`). It is
@@ -39,6 +40,7 @@ positions needed, the table size and the module; any other error propagates.
 import argparse
 import hashlib
 import json
+import operator
 import re
 import statistics
 import time
@@ -130,17 +132,20 @@ def count_sentence_ends(text: str) -> int:
 
 
 def score_row(hypotheses: list[str], references: list[str]) -> dict:
-    """BLEU, chrF++, sacreBLEU's hypothesis/reference length ratio and the sentence ends on each side of one set
-    of translations."""
+    """BLEU, chrF++, sacreBLEU's hypothesis/reference length ratio, the sentence ends on each side of one set of
+    translations, and the inputs whose translation holds at least as many sentence ends as its reference."""
     scores = score_translations(hypotheses, references, lengths=True)
+    hypothesis_ends = list(map(count_sentence_ends, hypotheses))
+    reference_ends = list(map(count_sentence_ends, references))
     return {
         "bleu": scores["bleu"],
         "chrf++": scores["chrf++"],
         "length_ratio": round(scores["hyp_len"] / scores["ref_len"], 3) if scores["ref_len"] else None,
         "hyp_len": scores["hyp_len"],
         "ref_len": scores["ref_len"],
-        "hyp_sentence_ends": sum(map(count_sentence_ends, hypotheses)),
-        "ref_sentence_ends": sum(map(count_sentence_ends, references)),
+        "hyp_sentence_ends": sum(hypothesis_ends),
+        "ref_sentence_ends": sum(reference_ends),
+        "inputs_with_all_sentence_ends": sum(map(operator.ge, hypothesis_ends, reference_ends)),
         "signatures": {"bleu": scores["bleu_signature"], "chrf++": scores["chrf++_signature"]},
     }
 
@@ -380,7 +385,8 @@ def sentence_ends(row: dict) -> str:
 
 
 def results_table(result: dict) -> str:
-    """Markdown: one row per k and per bucket of one model's results."""
+    """Markdown: one row per k and per bucket of one model's results; a joined row with k > 1 gives its ceiling's
+    BLEU and the share of it kept."""
     header = [
         "test set",
         "inputs",
@@ -389,6 +395,9 @@ def results_table(result: dict) -> str:
         "chrF++",
         "length ratio",
         "sentence ends per input",
+        "inputs with all sentence ends",
+        "ceiling BLEU",
+        "kept",
     ]
     lines = ["| " + " | ".join(header) + " |", "|" + " --- |" * len(header)]
     labelled = [(f"k={row['k']} joined", row) for row in result["joined"]]
@@ -396,15 +405,18 @@ def results_table(result: dict) -> str:
     for label, row in labelled:
         mean = "–" if row["mean_source_tokens"] is None else f"{row['mean_source_tokens']:.1f}"
         if row["cannot"] is not None:
-            scores = [cannot_description(row["cannot"]), "–", "–", "–"]
+            scores = [cannot_description(row["cannot"]), *["–"] * 6]
         elif row["bleu"] is None:
-            scores = ["–"] * 4
+            scores = ["–"] * 7
         else:
             scores = [
                 f"{row['bleu']:.2f}",
                 f"{row['chrf++']:.2f}",
                 f"{row['length_ratio']:.3f}",
                 sentence_ends(row),
+                str(row.get("inputs_with_all_sentence_ends", "–")),
+                f"{row['ceiling']['bleu']:.2f}" if "ceiling" in row else "–",
+                f"{row['kept']:.1%}" if row.get("kept") is not None else "–",
             ]
         lines.append("| " + " | ".join([label, str(row["inputs"]), mean, *scores]) + " |")
     return "\n".join(lines)

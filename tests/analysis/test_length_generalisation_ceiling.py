@@ -3,7 +3,11 @@ and the sentence-by-sentence decoding option of the one decoding loop."""
 
 import pytest
 
-from hf_posenc.analysis.length_generalisation import join_consecutive, measure_length_generalisation
+from hf_posenc.analysis.length_generalisation import (
+    join_consecutive,
+    measure_length_generalisation,
+    results_table,
+)
 from hf_posenc.pipeline.evaluation.decoding import split_sentences
 
 WORDS = "a man woman dog cat runs sits on the green red grass near old house while children play".split()
@@ -35,6 +39,20 @@ def test_the_ceiling_is_the_joined_one_sentence_translations_on_exactly_the_rows
     assert k4["ceiling"]["bleu"] == 100.0 and k4["ceiling"]["length_ratio"] == 1.0
     assert k4["ceiling"]["hyp_sentence_ends"] == 16 and k4["hyp_sentence_ends"] == 4
     assert k4["kept"] == pytest.approx(k4["bleu"] / 100.0, abs=1e-4) and k4["kept"] < 0.5
+
+
+def test_the_printed_table_gives_each_joined_rows_ceiling_kept_share_and_whole_paragraphs():
+    """What the command prints for a paragraph: a translator that keeps every sentence has all 4 inputs whole and
+    keeps 100% of its ceiling; one that stops after the first sentence has none whole."""
+    source = sentences(16)
+    whole = results_table(
+        measure_length_generalisation(lambda batch: batch, word_count, source, source, k=[1, 4])
+    )
+    assert "| k=4 joined | 4 | 20.0 | 100.00 | 100.00 | 1.000 | 4.00 / 4.00 | 4 | 100.00 | 100.0% |" in whole
+    first = measure_length_generalisation(first_sentence_only, word_count, source, source, k=[1, 4])
+    k4 = first["joined"][1]
+    assert k4["inputs_with_all_sentence_ends"] == 0 and k4["hyp_sentence_ends"] == 4
+    assert f"| 1.00 / 4.00 | 0 | 100.00 | {k4['kept']:.1%} |" in results_table(first)
 
 
 def test_the_ceiling_uses_the_models_own_one_sentence_translations_not_the_references():
