@@ -529,7 +529,7 @@ class RecurrentPositionEncoding(PositionEncoding):
         if self.projected or self.cell == "sru":
             outputs, states = self.forward_recurrence(inputs, stored)
         elif cache is None:
-            outputs, states = self.rnn(inputs)[0], None
+            outputs, states = self.torch_cell(inputs, None)[0], None
         else:
             outputs, states = self.torch_cell_steps(inputs, stored)
         if cache is not None:
@@ -560,14 +560,24 @@ class RecurrentPositionEncoding(PositionEncoding):
         the last memory cell, so it runs one call per token (as incremental decoding calls it)."""
         state = None if stored is None else self.torch_cell_state(stored)
         if self.cell != "lstm":
-            outputs = self.rnn(inputs, state)[0]  # (B, q, d_r)
+            outputs = self.torch_cell(inputs, state)[0]  # (B, q, d_r)
             return outputs, outputs[:, :, None]
         outputs, states = [], []
         for token in inputs.split(1, dim=1):  # (B, 1, d_r)
-            output, state = self.rnn(token, state)
+            output, state = self.torch_cell(token, state)
             outputs.append(output)
             states.append(torch.cat(state).transpose(0, 1))  # (B, 2, d_r): h, c
         return torch.cat(outputs, dim=1), torch.stack(states, dim=1)
+
+    def torch_cell(self, inputs: torch.Tensor, state):
+        """self.rnn (nn.RNN/GRU/LSTM, one direction) over inputs (B, q, d_r) from `state`, in the precision of its
+        weights with autocast off: under CPU bf16 autocast nn.LSTM would run in bf16, for which oneDNN has no
+        kernel on CPUs without bf16 units (AVX2: "could not create a primitive descriptor")."""
+        dtype = self.rnn.weight_ih_l0.dtype
+        if state is not None:
+            state = tuple(part.to(dtype) for part in state) if self.cell == "lstm" else state.to(dtype)
+        with torch.autocast(inputs.device.type, enabled=False):
+            return self.rnn(inputs.to(dtype), state)
 
     def stored_state(self, cache, first_position: int) -> torch.Tensor | None:
         """The state the cache holds for this stack, (B, state_count, d_r), or None at the first position."""
