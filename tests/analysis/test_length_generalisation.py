@@ -297,13 +297,9 @@ def test_sentence_ends_show_a_translator_that_writes_one_sentence_per_input(text
         (2, 8),
     ]
     assert [joined[k]["inputs_with_all_sentence_ends"] for k in (1, 2, 4)] == [8, 0, 0]
-    assert (
-        "| k=4 joined | 2 | " in results_table(result)
-        and results_table(result).count("1.00 / 4.00 | 0 |") == 1
-    )
-    assert "| k=1 joined | 8 | " in results_table(result) and "1.00 / 1.00 | 8 | – | – |" in results_table(
-        result
-    )
+    table = results_table(result)
+    assert "| k=4 joined | 2 | " in table and table.count("1.00 / 4.00 | 0 |") == 1
+    assert "| k=1 joined | 8 | " in table and "1.00 / 1.00 | 8 | – | – |" in table
     assert sentence_ends({"inputs": 3, "hyp_sentence_ends": None}) == "–"  # results from before the count
 
 

@@ -45,9 +45,9 @@ TRAIN_BATCH, TRAIN_LR = 16, 1e-2
 # Steps of the sinusoidal model every trained system starts from, and of each system's own training: enough for a
 # tiny model to end most translations itself, at varied lengths.
 BASE_STEPS, SYSTEM_STEPS = 150, 20
-MAX_SYSTEM_ROUNDS = (
-    4  # rounds of SYSTEM_STEPS a system trains until at least 2 beam-4 translations end themselves
-)
+# Rounds of SYSTEM_STEPS a system trains until at least 2 beam-4 translations end themselves: the CPU's rounding
+# decides when a tiny model learns to end a translation.
+MAX_SYSTEM_ROUNDS = 4
 # Every conformance variant CTranslate2 can express, and ALiBi in the decoder (the conformance suite runs ALiBi
 # in both stacks, which CTranslate2 refuses).
 EXPORTABLE = [
@@ -189,9 +189,7 @@ def test_beam_4_and_greedy_decoding_of_a_trained_model_equal_generate_where_it_e
         base_model.state_dict(), strict=False
     )  # the system's own positional parameters stay new
     limit = decoding_length(model.generation_config, max(map(len, tokenizer(sentences)["input_ids"]))) + 1
-    for _ in range(
-        MAX_SYSTEM_ROUNDS
-    ):  # the CPU's rounding decides when a tiny model learns to end a translation
+    for _ in range(MAX_SYSTEM_ROUNDS):
         model = trained(model, tokenizer, corpus, SYSTEM_STEPS)
         expected = generate_ids(model, tokenizer, sentences, num_beams=4, early_stopping=True)
         ended = [row for row, theirs in enumerate(expected) if len(theirs) < limit]
