@@ -310,16 +310,58 @@ def generation_kwargs(new_tokens: int, beams: int) -> dict:
 
 
 def generation_run(
-    model, source, new_tokens: int, beams: int, device, autocast_dtype, fast: bool = False
+    model, source, new_tokens: int, beams: int, device, autocast_dtype, fast: bool = False, lengths=None
 ) -> Callable[[], None]:
-    """One `generate` call; with `fast`, through hf_posenc's fast decoding loop (fast_decoding.py)."""
+    """One `generate` call; with `fast`, through hf_posenc's fast decoding loop (fast_decoding.py). `lengths`
+    (B,): each example's output length instead of `new_tokens` for all (`ExampleLengths`), the source
+    right-padded with the model's pad token."""
     kwargs = generation_kwargs(new_tokens, beams) | ({"fast_decoding": True} if fast else {})
+    if lengths is not None:
+        kwargs |= dict(max_new_tokens=int(lengths.max()), min_new_tokens=None)
+        kwargs["attention_mask"] = (source != model.config.pad_token_id).long()
 
     def run():
+        ends = ExampleLengths(lengths, model.config.eos_token_id) if lengths is not None else None
+        extra = {"logits_processor": LogitsProcessorList([ends])} if ends else {}
         with torch.inference_mode(), autocast(device, autocast_dtype):
-            return model.generate(source, **kwargs)
+            return model.generate(source, **kwargs, **extra)
 
     return run
+
+
+class ExampleLengths(LogitsProcessor):
+    """Every output of example b ends at `lengths[b]` generated tokens, `</s>` included: `</s>` is banned before
+    that length and forced at it, in each of the example's rows (beams). The fast loop's compaction drops
+    finished examples' lengths through `keep_examples`."""
+
+    def __init__(self, lengths: torch.LongTensor, eos: int):
+        self.lengths, self.eos = lengths, eos  # (B,), the end token
+
+    def keep_examples(self, examples: torch.LongTensor) -> None:
+        self.lengths = self.lengths[examples]
+
+    def __call__(self, input_ids, scores):  # (rows, t) with the start token, (rows, V)
+        lengths = self.lengths.repeat_interleave(len(input_ids) // len(self.lengths)).to(scores.device)
+        due = (input_ids.shape[-1] >= lengths)[:, None]  # (rows, 1) the next token is the last
+        is_eos = torch.arange(scores.shape[-1], device=scores.device) == self.eos  # (V,)
+        return scores.masked_fill(due ^ is_eos, float("-inf"))
+
+
+def real_length_batch(pairs, batch_size: int, config, generator) -> tuple[torch.LongTensor, torch.LongTensor]:
+    """Random token ids at the lengths of the first `batch_size` sentence pairs of `pairs` (words + `</s>`): the
+    sources (B, S), right-padded with `config`'s pad token, and each example's output length (B,)."""
+    if batch_size > len(pairs):
+        raise ValueError(f"a generation batch of {batch_size}: the test set has {len(pairs)} pairs")
+    pad, eos = config.pad_token_id, config.eos_token_id
+    sources = [len(text.split()) + 1 for text in pairs.source[:batch_size]]
+    lengths = torch.tensor([len(text.split()) + 1 for text in pairs.target[:batch_size]])
+    ids = torch.full((batch_size, max(sources)), pad, dtype=torch.long)
+    for row, length in enumerate(sources):
+        ids[row, : length - 1] = torch.randint(
+            max(pad, eos) + 1, config.vocab_size, (length - 1,), generator=generator
+        )
+        ids[row, length - 1] = eos
+    return ids, lengths
 
 
 class StepClock(LogitsProcessor):

@@ -23,6 +23,7 @@ what to measure (base and big on a CPU: training only, or it takes hours). Write
 
 import argparse
 import datetime
+import functools
 import json
 import os
 import platform
@@ -35,6 +36,7 @@ from pathlib import Path
 import torch
 import transformers
 
+from hf_posenc.pipeline.data.files import read_split
 from hf_posenc.pipeline.training.hardware import (
     choose_attention_backend,
     choose_precision,
@@ -53,11 +55,12 @@ from .harness import (
     forward_repeated,
     generation_run,
     interleaved_median_seconds,
+    real_length_batch,
     synthetic_batch,
 )
 from .plots import write_plots
 from .report import geometric_mean, write_markdown
-from .systems import System, benchmark_systems
+from .systems import MULTI30K, System, benchmark_systems
 
 MEMORY_SHARE = 0.6  # of the memory available when training starts, for one group of interleaved systems
 TRAINING_BYTES_PER_PARAMETER = 16  # fp32 weights and gradients, AdamW's two moments
@@ -96,6 +99,14 @@ def add_workload_flags(parser) -> None:
     )
     parser.add_argument("--generation_batch_sizes", nargs="+", type=int, default=[1, 32])
     parser.add_argument("--beams", nargs="+", type=int, default=[1, 4])
+    parser.add_argument(
+        "--generation_lengths",
+        choices=["fixed", "real"],
+        default="fixed",
+        help="fixed: sources of --source_length tokens, exactly --new_tokens per output; real: the source and "
+        "reference lengths (words + </s>) of the first test pairs of Multi30k, each output ending at its "
+        "reference's length, so that examples finish apart as in translation",
+    )
     parser.add_argument("--source_length", type=int, default=24)
     parser.add_argument(
         "--new_tokens", type=int, default=24, help="tokens generated per sequence (min = max)"
@@ -319,23 +330,33 @@ def measure_generation(models, args, dtype) -> dict:
     loop returned `generate`'s tokens."""
     tokens_per_second, identical = {}, {}
     generator = torch.Generator().manual_seed(args.seed)
+    config = models[STOCK_MARIAN].config
+    pairs = (
+        read_split(MULTI30K, "test_2016_flickr", "en", "de") if args.generation_lengths == "real" else None
+    )
     for batch_size in args.generation_batch_sizes:
-        source = torch.randint(
-            2, models[STOCK_MARIAN].config.vocab_size, (batch_size, args.source_length), generator=generator
-        )
+        if pairs is None:
+            source = torch.randint(
+                2, config.vocab_size, (batch_size, args.source_length), generator=generator
+            )
+            lengths, tokens = None, batch_size * args.new_tokens
+        else:
+            source, lengths = real_length_batch(pairs, batch_size, config, generator)
+            tokens = int(lengths.sum())
         source = source.to(args.device)
         for beams in args.beams:
             setting = f"b{batch_size}k{beams}"
             work = {}
             for name, model in models.items():
-                work[name] = generation_run(model, source, args.new_tokens, beams, args.device, dtype)
+                run = functools.partial(
+                    generation_run, model, source, args.new_tokens, beams, args.device, dtype
+                )
+                work[name] = run(lengths=lengths)
                 if name != STOCK_MARIAN:
-                    work[name + FAST] = generation_run(
-                        model, source, args.new_tokens, beams, args.device, dtype, fast=True
-                    )
+                    work[name + FAST] = run(fast=True, lengths=lengths)
                     identical[f"{name}@{setting}"] = torch.equal(work[name](), work[name + FAST]())
             for name, value in interleaved_median_seconds(work, args.repeats, args.device).items():
-                tokens_per_second[f"{name}@{setting}"] = batch_size * args.new_tokens / value
+                tokens_per_second[f"{name}@{setting}"] = tokens / value
     return {"tokens_per_second": tokens_per_second, "identical": identical}
 
 

@@ -7,9 +7,10 @@ step for step: the same forward call per step, the same float32 logits, log-soft
 own `NoRepeatNGramLogitsProcessor` and `ForcedEOSTokenLogitsProcessor`, the token bans of its `NoBadWords`, `MinLength`
 and `MinNewTokensLength` processors as one in-place `BanTokens`, then the length control's), top-k selections,
 length penalty, stopping rule (`early_stopping` False, True or "never") and output length. What it leaves out is
-`generate`'s per-step machinery: input preparation and keyword updates, stopping criteria objects, and the reordering
+`generate`'s per-step machinery: input preparation and keyword updates, stopping criteria objects, the reordering
 of the cross-attention cache, which beam search permutes within each example only, where every beam holds the same
-encoder keys and values (`BeamCache`).
+encoder keys and values (`BeamCache`), the first step's copies for each beam (it runs once per example, `Decoder`),
+and the rows that have finished (they leave the batch, `COMPACT_SHARE`).
 
 Served: greedy and beam search (`num_beams` >= 1, `do_sample=False`), one returned sequence, the sequences only
 (no `return_dict_in_generate`), the length penalty, `bad_words_ids`, `forced_eos_token_id`, `no_repeat_ngram_size`,
@@ -58,6 +59,9 @@ SERVED = {
     "top_h",
 }
 NEG = -1.0e9  # transformers' score of a beam that must not be chosen
+# Finished rows leave the batch once they are at least 1/COMPACT_SHARE of it: each selection copies every cache, and
+# a few finished rows cost less to decode along (as `generate` does) than a copy at every step where one finishes.
+COMPACT_SHARE = 16
 # Keyword arguments of `generate` that the loop takes besides generation settings: the source and its mask.
 INPUTS = {"attention_mask", "input_ids"}
 
@@ -98,10 +102,11 @@ class Decoder:
     """One decoding step of `model` for rows of `encoder_outputs`: the last token of each row in, its float32 logits
     out (as `generate` reads them), with the cache kept here."""
 
-    def __init__(self, model, encoder_outputs, source_mask):
+    def __init__(self, model, encoder_outputs, source_mask, num_beams: int = 1):
         self.model, self.encoder_outputs, self.source_mask = model, encoder_outputs, source_mask
         config = model.config
         self.cache = BeamCache(DynamicCache(config=config), DynamicCache(config=config))
+        self.repeats = num_beams  # rows per example until the first step, where every beam holds the start token
 
     def select(self, rows: torch.LongTensor) -> None:
         """Keep `rows` only, in their order: the cache, the encoder output and the source mask."""
@@ -112,15 +117,24 @@ class Decoder:
         self.source_mask = self.source_mask[rows]
 
     def __call__(self, tokens: torch.LongTensor) -> torch.Tensor:  # (rows,) -> (rows, V)
+        repeats, self.repeats = self.repeats, 1
         output = self.model(
             encoder_outputs=self.encoder_outputs,
             attention_mask=self.source_mask,
-            decoder_input_ids=tokens[:, None],
+            decoder_input_ids=tokens[::repeats, None],
             past_key_values=self.cache,
             use_cache=True,
             return_dict=True,
         )
-        return output.logits[:, -1, :].float()  # a view of this step's logits, read once
+        logits = output.logits[:, -1, :].float()  # a view of this step's logits, read once
+        if repeats == 1:
+            return logits
+        # The first step ran once per example (its beams are all the start token, the cross-attention keys and
+        # values computed once): its cache, encoder output and logits are repeated for the beams, as `generate`
+        # expands them before decoding.
+        self.cache.batch_repeat_interleave(repeats)
+        self.encoder_outputs, self.source_mask = expanded(self.encoder_outputs, self.source_mask, repeats)
+        return logits.repeat_interleave(repeats, dim=0)
 
 
 def expanded(encoder_outputs, source_mask, num_beams: int):
@@ -176,10 +190,10 @@ def fast_generate(model, source, source_mask, settings: dict, extra: LogitsProce
     """The sequences `generate` returns for `source` (B, S) with `source_mask` (B, S) under `settings` (the served
     keys, resolved: `max_length` counts the decoder start token) and the processors `extra`; (B, T)."""
     encoder_outputs = model.get_encoder()(input_ids=source, attention_mask=source_mask, return_dict=True)
-    encoder_outputs, mask = expanded(encoder_outputs, source_mask, settings["num_beams"])
-    step = Decoder(model, encoder_outputs, mask)
+    step = Decoder(model, encoder_outputs, source_mask, settings["num_beams"])
     chain = processors(settings, settings["eos_token_id"], extra, source.device)
-    start = torch.full((mask.shape[0], 1), settings["decoder_start_token_id"], device=source.device)
+    rows = source.shape[0] * settings["num_beams"]
+    start = torch.full((rows, 1), settings["decoder_start_token_id"], device=source.device)
     if settings["num_beams"] == 1:
         return greedy(step, start, chain, settings)
     return beam_search(step, start, chain, settings, source.shape[0])
@@ -202,7 +216,7 @@ def greedy(step, sequences, chain, settings) -> torch.LongTensor:
         going &= tokens != eos
         if not going.any():
             break
-        if compact and not going.all():
+        if compact and int((~going).sum()) * COMPACT_SHARE >= len(going):
             kept = going.nonzero()[:, 0]
             step.select(kept)
             keep_examples(chain, kept)
@@ -279,8 +293,8 @@ def beam_search(step, start, chain, settings, batch: int) -> torch.LongTensor:
             break
         offset = torch.arange(len(alive), device=start.device)[:, None] * num_beams  # (A, 1)
         rows = gather_beams(parents, chosen) + offset  # (A, N) each new beam's row
-        ended = ~beams.improvable[:, 0] | full
-        if compact and ended.any():
+        ended = ~beams.improvable[:, 0] | full  # (A,) examples that ended now or before
+        if compact and int(ended.sum()) * COMPACT_SHARE >= len(alive):
             final[alive[ended]], final_lengths[alive[ended]] = (
                 beams.finished[ended, 0],
                 beams.lengths[ended, 0],
@@ -303,7 +317,7 @@ def beam_step(beams: Beams, step, chain, cur_len: int, settings) -> tuple:
     rows = beams.running[:, :, :cur_len].reshape(batch * num_beams, cur_len)  # (A·N, t)
     log_probs = chain(rows, torch.log_softmax(step(rows[:, -1]), dim=-1))  # (A·N, V)
     vocab = log_probs.shape[-1]
-    totals = (log_probs.view(batch, num_beams, vocab) + beams.running_scores[:, :, None]).view(batch, -1)
+    totals = log_probs.view(batch, num_beams, vocab).add_(beams.running_scores[:, :, None]).view(batch, -1)
     scores, indices = totals.topk(2 * num_beams)  # (A, 2N)
     parents = indices // vocab
     candidates = gather_beams(beams.running, parents)  # (A, 2N, T)

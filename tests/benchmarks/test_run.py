@@ -5,9 +5,11 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
-from benchmarks.harness import MODEL_SIZES, count_parameters
+from benchmarks.harness import MODEL_SIZES, build_model, count_parameters, generation_run, real_length_batch
 from benchmarks.run import parse_args, peak_flops, select_systems
+from hf_posenc.pipeline.data.files import ParallelText
 from hf_posenc.pipeline.training import arguments
 from tests.helpers import REPO
 
@@ -150,3 +152,49 @@ def test_base_and_big_sizes_are_the_wmt_recipes_models(size):
     assert fields["encoder_attention_heads"] == fields["decoder_attention_heads"] == recipe["heads"]
     assert fields["encoder_ffn_dim"] == fields["decoder_ffn_dim"] == recipe["ffn_dim"]
     assert parse_args(["--config", size]).config == size
+
+
+def test_real_lengths_end_each_example_at_its_reference_length():
+    """`--generation_lengths real`: sources at the pairs' lengths, and every output (greedy and beam 4, `generate`
+    and the fast loop alike) ends at its reference's length."""
+    pairs = ParallelText(["a b c", "a b c d e f g", "a"], ["x y", "x y z w v", "x y z w"], "pairs")
+    model = build_model(MODEL_SIZES["tiny"], {}, "cpu").eval()
+    source, lengths = real_length_batch(pairs, 3, model.config, torch.Generator().manual_seed(0))
+    assert source.tolist()[2] == [source[2, 0].item(), 1, 0, 0, 0, 0, 0, 0] and lengths.tolist() == [3, 6, 5]
+    for beams in (1, 4):
+        outputs = [
+            generation_run(model, source, 0, beams, "cpu", None, fast, lengths)() for fast in (False, True)
+        ]
+        assert torch.equal(*outputs)
+        ends = [row.tolist().index(model.config.eos_token_id, 1) for row in outputs[0]]
+        assert ends == lengths.tolist()  # </s> at generated token L (the start token is index 0)
+
+
+def test_the_generation_phase_with_real_lengths(tmp_path):
+    command = [
+        sys.executable,
+        "-m",
+        "benchmarks.run",
+        "--config",
+        "tiny",
+        "--threads",
+        "1",
+        "--precision",
+        "fp32",
+    ]
+    command += [
+        "--systems",
+        "rpe_head",
+        "--phases",
+        "generation",
+        "--generation_lengths",
+        "real",
+        "--repeats",
+        "1",
+    ]
+    command += ["--generation_batch_sizes", "4", "--output_dir", str(tmp_path)]
+    subprocess.run(command, check=True, cwd=REPO, timeout=300)
+    markdown = (tmp_path / "benchmarks-tiny.md").read_text()
+    assert "each output ending at its reference's" in markdown and "examples finish apart" in markdown
+    results = json.loads((tmp_path / "benchmarks-tiny.json").read_text())
+    assert results["generation"]["identical"] == {"rpe_head@b4k1": True, "rpe_head@b4k4": True}

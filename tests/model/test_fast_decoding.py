@@ -127,6 +127,41 @@ def test_finished_examples_leave_the_batch(copier, sources, monkeypatch):
     assert selected and selected == sorted(selected, reverse=True) and selected[-1] < 4 * len(ids)
 
 
+@pytest.mark.parametrize("num_beams", [1, 4])
+def test_finished_rows_wait_for_their_share_of_the_batch(num_beams, copier, sources, monkeypatch):
+    """With COMPACT_SHARE 2, a selection happens once half the rows (examples) have finished: each keeps at most
+    half of the rows before it, and the tokens stay `generate`'s."""
+    ids, mask = sources
+    kwargs = dict(attention_mask=mask, max_new_tokens=16, num_beams=num_beams)
+    expected = copier.generate(ids, **kwargs)
+    sizes = [num_beams * len(ids)]
+    select = fast_decoding.Decoder.select
+
+    def spy(self, rows):
+        sizes.append(len(rows))
+        select(self, rows)
+
+    monkeypatch.setattr(fast_decoding.Decoder, "select", spy)
+    monkeypatch.setattr(fast_decoding, "COMPACT_SHARE", 2)
+    assert torch.equal(copier.generate(ids, fast_decoding=True, **kwargs), expected)
+    assert len(sizes) > 1 and all(2 * after <= before for before, after in zip(sizes, sizes[1:]))
+
+
+def test_the_first_beam_step_runs_once_per_example(copier, sources):
+    """Every beam of an example holds the start token at the first step: the decoder runs it on one row per
+    example, then on every beam."""
+    rows = []
+    hook = copier.register_forward_pre_hook(
+        lambda module, args, kwargs: rows.append(len(kwargs["decoder_input_ids"])), with_kwargs=True
+    )
+    ids, mask = sources
+    try:
+        copier.generate(ids, attention_mask=mask, max_new_tokens=4, num_beams=4, fast_decoding=True)
+    finally:
+        hook.remove()
+    assert rows[:2] == [len(ids), 4 * len(ids)]
+
+
 def test_the_saved_switch_turns_it_on(copier, sources, monkeypatch):
     calls = []
     monkeypatch.setattr(
