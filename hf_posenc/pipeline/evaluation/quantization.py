@@ -14,17 +14,26 @@ Code that reads a linear layer's weight instead of calling it (a weight mask, a 
 matrices, a device lookup, a table kept while its weights stay the same tensors) reads `Int8Linear.weight`: the
 dequantized weights q_w s_w in float32, so it computes with the same weights as the layer, without int8 speed.
 
+Where torch has no fast int8 product for the CPU (AVX2 without VNNI: `torch._int_mm` measured 30x slower than a
+float32 product there), int8 decoding would be several times slower than float32: `quantize_int8` measures one
+decoder-step product both ways once per process (`int8_product_seconds`) and refuses int8 where it is not faster.
+
 Not torch.ao.quantization.quantize_dynamic: torch 2.13 announces it deprecated ("will be removed in 2.10") and the
 quantized tensors it builds on as to be removed, and its layers' `weight` is a method, which the modules above cannot
 read. Measured speed and BLEU cost: docs/decoding.md, "int8 decoding in torch".
 """
 
 import copy
+import functools
+import time
 
 import torch
 from torch import nn
 
 INT8_MAX = 127  # symmetric quantization: -127..127, so that q and -q both exist
+# The product `int8_product_seconds` times: rows x in @ in x out, the first feed-forward layer of the default model
+# at one decoder step of 64 sentences x 4 beams.
+PROBE_SHAPE = (256, 256, 1024)
 
 
 def quantize_rows(matrix: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -113,15 +122,55 @@ def check_quantizable(model) -> list[tuple[str, nn.Linear]]:
     return linears
 
 
+@functools.cache
+def int8_product_seconds() -> tuple[float, float]:
+    """(float32, int8) seconds of one `PROBE_SHAPE` product on this CPU at the current thread count: a float32
+    matmul and `torch._int_mm` of int8 matrices, the best of 3 after a first call; measured once per process."""
+    rows, inner, out = PROBE_SHAPE
+    generator = torch.Generator().manual_seed(0)
+    left, right = torch.randn(rows, inner, generator=generator), torch.randn(inner, out, generator=generator)
+    products = {
+        "float32": lambda: left @ right,
+        "int8": functools.partial(
+            torch._int_mm, quantize_rows(left)[0], quantize_rows(right.t())[0].t().contiguous()
+        ),
+    }
+    best = {}
+    for name, product in products.items():
+        times = []
+        for _ in range(4):
+            started = time.perf_counter()
+            product()
+            times.append(time.perf_counter() - started)
+        best[name] = min(times[1:])
+    return best["float32"], best["int8"]
+
+
+def check_int8_speed() -> None:
+    """Refuses int8 decoding where torch's int8 product is not faster than float32's on this CPU, naming both
+    times (`int8_product_seconds`)."""
+    float32, int8 = int8_product_seconds()
+    if int8 >= float32:
+        rows, inner, out = PROBE_SHAPE
+        raise ValueError(
+            f"int8 decoding is slower than float32 on this CPU (capability "
+            f"{torch.backends.cpu.get_cpu_capability()}): one decoder-step product ({rows}x{inner} @ {inner}x{out}) "
+            f"takes {int8 * 1e3:.1f} ms in int8 (torch._int_mm) against {float32 * 1e3:.2f} ms in float32, "
+            f"{int8 / float32:.1f}x as long; torch has no fast int8 product for this CPU. Decode in float32 "
+            "(without --int8 / int8=True)"
+        )
+
+
 def quantize_int8(model: nn.Module, *, inplace: bool = False) -> nn.Module:
     """`model` with every `nn.Linear` replaced by an `Int8Linear` and every parameter frozen (requires_grad=False),
     for inference on the CPU (module docstring). Returns a copy and leaves `model` as it was, unless `inplace`,
     which changes `model` itself (and saves the copy's memory). The model must be in eval mode, on the CPU, with
-    float32 linear layers (`check_quantizable`); an int8 model refuses train(True) and inputs that need
-    gradients."""
+    float32 linear layers (`check_quantizable`), and int8 products faster than float32 ones on this CPU
+    (`check_int8_speed`); an int8 model refuses train(True) and inputs that need gradients."""
     if not isinstance(inplace, bool):
         raise TypeError(f"inplace={inplace!r} must be True or False")
     check_quantizable(model)
+    check_int8_speed()
     if not inplace:
         model = copy.deepcopy(model)
     replacements: dict[int, Int8Linear] = {}

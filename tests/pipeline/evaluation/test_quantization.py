@@ -11,13 +11,34 @@ import torch
 from torch import nn
 
 from benchmarks.systems import conformance_variants
-from hf_posenc.pipeline.evaluation import command
+from hf_posenc.pipeline.evaluation import command, quantization
 from hf_posenc.pipeline.evaluation.command import evaluate_main
 from hf_posenc.pipeline.evaluation.decoding import load_translation_model, translate
 from hf_posenc.pipeline.evaluation.quantization import Int8Linear, is_int8, quantize_int8, quantize_rows
 from tests.helpers import EOS, PAD, SOURCES, VOCAB, assert_refused, command_line
 
 VARIANTS = conformance_variants()
+MEASURED_PRODUCT_SECONDS = (
+    quantization.int8_product_seconds
+)  # the probe itself (the fixture below replaces it)
+
+
+@pytest.fixture(autouse=True)
+def int8_faster(monkeypatch):
+    """These tests check what int8 decoding computes, on any CPU: the speed check sees int8 products faster."""
+    monkeypatch.setattr(quantization, "int8_product_seconds", lambda: (2.0e-3, 1.0e-3))
+
+
+def test_int8_is_refused_where_it_is_slower_than_float32(tiny_model, monkeypatch):
+    monkeypatch.setattr(quantization, "int8_product_seconds", lambda: (2.0e-3, 60.0e-3))
+    message = r"slower than float32 on this CPU \(capability \w+\).* 60\.0 ms in int8 .* 2\.00 ms in float32, 30\.0x"
+    with pytest.raises(ValueError, match=message + r".*Decode in float32"):
+        quantize_int8(tiny_model().eval())
+
+
+def test_the_speed_probe_times_both_products():
+    float32, int8 = MEASURED_PRODUCT_SECONDS.__wrapped__()  # measured now, not the process's cached value
+    assert 0 < float32 < 10 and 0 < int8 < 10
 
 
 def linear_count(model) -> int:
