@@ -106,7 +106,8 @@ class Decoder:
         self.model, self.encoder_outputs, self.source_mask = model, encoder_outputs, source_mask
         config = model.config
         self.cache = BeamCache(DynamicCache(config=config), DynamicCache(config=config))
-        self.repeats = num_beams  # rows per example until the first step, where every beam holds the start token
+        # rows per example until the first step, where every beam holds the start token
+        self.repeats = num_beams
 
     def select(self, rows: torch.LongTensor) -> None:
         """Keep `rows` only, in their order: the cache, the encoder output and the source mask."""

@@ -3,6 +3,7 @@ seconds to copy it, so that every row's translation differs and finished rows le
 different steps. Token-identical to `generate`, greedy and beam 4, with the length control, the windows and a
 caller's processor; what it cannot serve is refused by name; the pipeline's decoding uses it."""
 
+import itertools
 import re
 
 import pytest
@@ -144,7 +145,7 @@ def test_finished_rows_wait_for_their_share_of_the_batch(num_beams, copier, sour
     monkeypatch.setattr(fast_decoding.Decoder, "select", spy)
     monkeypatch.setattr(fast_decoding, "COMPACT_SHARE", 2)
     assert torch.equal(copier.generate(ids, fast_decoding=True, **kwargs), expected)
-    assert len(sizes) > 1 and all(2 * after <= before for before, after in zip(sizes, sizes[1:]))
+    assert len(sizes) > 1 and all(2 * after <= before for before, after in itertools.pairwise(sizes))
 
 
 def test_the_first_beam_step_runs_once_per_example(copier, sources):
