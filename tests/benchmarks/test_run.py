@@ -13,6 +13,8 @@ from hf_posenc.pipeline.data.files import ParallelText
 from hf_posenc.pipeline.training import arguments
 from tests.helpers import REPO
 
+TINY_COMMAND = [sys.executable, "-m", "benchmarks.run", *"--config tiny --threads 1 --precision fp32".split()]
+
 
 def test_benchmark_command_writes_tables_and_plots_for_every_system(tmp_path):
     """Protects `make bench`: the one command runs end to end and reports every system against stock Marian."""
@@ -21,17 +23,7 @@ def test_benchmark_command_writes_tables_and_plots_for_every_system(tmp_path):
         "old tables\n<!-- Everything below this line is kept when benchmarks/run.py rewrites this file. -->\n"
         + notes
     )
-    command = [
-        sys.executable,
-        "-m",
-        "benchmarks.run",
-        "--config",
-        "tiny",
-        "--threads",
-        "1",
-        "--precision",
-        "fp32",
-    ]
+    command = [*TINY_COMMAND]
     command += [
         "--systems",
         "shaw",
@@ -171,28 +163,8 @@ def test_real_lengths_end_each_example_at_its_reference_length():
 
 
 def test_the_generation_phase_with_real_lengths(tmp_path):
-    command = [
-        sys.executable,
-        "-m",
-        "benchmarks.run",
-        "--config",
-        "tiny",
-        "--threads",
-        "1",
-        "--precision",
-        "fp32",
-    ]
-    command += [
-        "--systems",
-        "rpe_head",
-        "--phases",
-        "generation",
-        "--generation_lengths",
-        "real",
-        "--repeats",
-        "1",
-    ]
-    command += ["--generation_batch_sizes", "4", "--output_dir", str(tmp_path)]
+    command = [*TINY_COMMAND, *"--systems rpe_head --phases generation --generation_lengths real".split()]
+    command += ["--repeats", "1", "--generation_batch_sizes", "4", "--output_dir", str(tmp_path)]
     subprocess.run(command, check=True, cwd=REPO, timeout=300)
     markdown = (tmp_path / "benchmarks-tiny.md").read_text()
     assert "each output ending at its reference's" in markdown and "examples finish apart" in markdown
