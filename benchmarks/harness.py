@@ -18,6 +18,7 @@ import torch
 from transformers import LogitsProcessor, LogitsProcessorList, MarianMTModel
 
 from hf_posenc.configuration_marian_posenc import MarianPosEncConfig
+from hf_posenc.generation_length import per_row
 from hf_posenc.modeling_marian_posenc import MarianPosEncForConditionalGeneration
 from hf_posenc.pipeline.training.hardware import autocast, synchronize, training_flops
 
@@ -320,7 +321,7 @@ def generation_run(
         kwargs |= dict(max_new_tokens=int(lengths.max()), min_new_tokens=None)
         kwargs["attention_mask"] = (source != model.config.pad_token_id).long()
 
-    def run():
+    def run():  # a new ExampleLengths per call: the fast loop's compaction drops its finished examples
         ends = ExampleLengths(lengths, model.config.eos_token_id) if lengths is not None else None
         extra = {"logits_processor": LogitsProcessorList([ends])} if ends else {}
         with torch.inference_mode(), autocast(device, autocast_dtype):
@@ -341,7 +342,7 @@ class ExampleLengths(LogitsProcessor):
         self.lengths = self.lengths[examples]
 
     def __call__(self, input_ids, scores):  # (rows, t) with the start token, (rows, V)
-        lengths = self.lengths.repeat_interleave(len(input_ids) // len(self.lengths)).to(scores.device)
+        lengths = per_row(self.lengths, len(input_ids)).to(scores.device)  # (rows,)
         due = (input_ids.shape[-1] >= lengths)[:, None]  # (rows, 1) the next token is the last
         is_eos = torch.arange(scores.shape[-1], device=scores.device) == self.eos  # (V,)
         return scores.masked_fill(due ^ is_eos, float("-inf"))

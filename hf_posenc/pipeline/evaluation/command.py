@@ -33,8 +33,8 @@ baseline with paper-1 significance marks; the n-gram sweep of paper 1 Fig. 4) an
 call; torch on the CPU, every module; docs/decoding.md, "int8 decoding in torch"). Measured on two of the study's
 models (1,000 sentences, beam 4, one thread, a busy machine): 0.04-0.05 BLEU below float32, 1.4x the float32 speed
 (2.7-3.0x transformers' generate) on a CPU with AVX512-VNNI; where torch's int8 product is slower than float32
-(AVX2 without VNNI: 50x and more), --int8 is refused with both measured times. The rest of the model stays float32, so --precision bf16 is refused with it, and
-a CTranslate2 export (which has its own int8) refuses it.
+(AVX2 without VNNI: 51-93x as long), --int8 is refused with both measured times. The rest of the model stays
+float32, so --precision bf16 is refused with it, and a CTranslate2 export (which has its own int8) refuses it.
 
 A CTranslate2 folder written by train_scripts/export_ctranslate2.py (it holds model.bin) is scored the same way:
 decoded with CTranslate2 on the CPU (`--threads` threads) with the generation config saved in it, in the weight

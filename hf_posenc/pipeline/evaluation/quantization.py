@@ -14,7 +14,7 @@ Code that reads a linear layer's weight instead of calling it (a weight mask, a 
 matrices, a device lookup, a table kept while its weights stay the same tensors) reads `Int8Linear.weight`: the
 dequantized weights q_w s_w in float32, so it computes with the same weights as the layer, without int8 speed.
 
-Where torch has no fast int8 product for the CPU (AVX2 without VNNI: `torch._int_mm` measured 30x slower than a
+Where torch has no fast int8 product for the CPU (AVX2 without VNNI: `torch._int_mm` measured 51-93x as long as a
 float32 product there), int8 decoding would be several times slower than float32: `quantize_int8` measures one
 decoder-step product both ways once per process (`int8_product_seconds`) and refuses int8 where it is not faster.
 
