@@ -279,6 +279,15 @@ class MarianPosEncConfig(MarianConfig, ModuleHyperparameters):
                 )
         return loaded
 
+    def to_diff_dict(self) -> dict:
+        """`PreTrainedConfig.to_diff_dict` without `rope_scaling` when it is off: the Trainer reads a checkpoint's
+        config.json with the base class to check its version, whose deprecated `rope_scaling` setter warns about
+        any value, None included, on every resumed run."""
+        saved = super().to_diff_dict()
+        if saved.get("rope_scaling", False) is None:
+            del saved["rope_scaling"]
+        return saved
+
     def to_marian_config(self) -> MarianConfig:
         """The stock `MarianConfig` of the same sizes, token ids and Marian fields: what `MarianMTModel` computes
         with this config's sinusoids and content attention (the baseline the tools train and benchmark)."""

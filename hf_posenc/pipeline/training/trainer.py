@@ -150,6 +150,14 @@ class TranslationTrainer(Seq2SeqTrainer):
             )
         super().log(logs, *args, **kwargs)
 
+    def _issue_warnings_after_load(self, load_result) -> None:
+        """The Trainer's warnings after loading a checkpoint to resume from, without the tied copies of the
+        shared embedding (`lm_head`, the stacks' `embed_tokens`): safetensors saves a tied parameter once, and
+        loading its source fills them; any other missing key is still reported."""
+        tied = set(getattr(self.model, "all_tied_weights_keys", None) or {})
+        missing = [key for key in load_result.missing_keys if key not in tied]
+        super()._issue_warnings_after_load(load_result._replace(missing_keys=missing))
+
     def training_step(self, model, inputs, num_items_in_batch=None):
         self.target_tokens += int((inputs["labels"] != -100).sum())
         if self.compile_clock is not None and self.length_buckets and self.max_tokens is not None:

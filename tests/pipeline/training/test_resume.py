@@ -6,9 +6,12 @@ import json
 import shutil
 
 import pytest
+import transformers.trainer
+from torch.nn.modules.module import _IncompatibleKeys
 
+from hf_posenc import MarianPosEncForConditionalGeneration
 from hf_posenc.pipeline.training import arguments, resume, run
-from hf_posenc.pipeline.training.trainer import TimeBudgetCallback
+from hf_posenc.pipeline.training.trainer import TimeBudgetCallback, TranslationTrainer
 
 
 def tiny_job_flags(tiny_run_flags, tmp_path):
@@ -149,3 +152,28 @@ def test_resuming_another_runs_checkpoint_checks_its_settings_even_without_its_r
             run.main([*again, "--position_encoding", "learned"])
     assert run.main(again)["steps"] == 3
     assert (tmp_path / "second-checkpoints" / resume.SETTINGS_FILE).is_file()  # the new run's own record
+
+
+def test_resuming_warns_of_neither_the_tied_embeddings_nor_a_deprecated_config_key(
+    tmp_path, tiny_run_flags, monkeypatch, recwarn
+):
+    """A checkpoint saves the shared embedding once (its tied copies `lm_head` and the stacks' `embed_tokens` are
+    filled from it), and the Trainer reads its config.json with the base config class, whose `rope_scaling`
+    setter warns of deprecation: neither is a fault to report on every resume. A key really missing is still
+    reported."""
+    flags = [*tiny_job_flags(tiny_run_flags, tmp_path), "--save_strategy", "steps", "--save_steps", "1"]
+    run.main([*flags, "--max_steps", "1"])
+    warned = []
+    monkeypatch.setattr(
+        transformers.trainer.logger, "warning", lambda message, *args, **kwargs: warned.append(message)
+    )
+    assert run.main([*flags, "--max_steps", "2", "--resume_from_checkpoint", "last"])["steps"] == 2
+    assert not [message for message in warned if "missing keys" in message]
+    assert not [warning for warning in recwarn if "rope_scaling" in str(warning.message)]
+
+    trainer = object.__new__(TranslationTrainer)  # the hook reads only the model
+    trainer.model = MarianPosEncForConditionalGeneration.from_pretrained(tmp_path / "run")
+    trainer._issue_warnings_after_load(_IncompatibleKeys(["lm_head.weight", "model.shared.weight"], []))
+    assert [message for message in warned if "missing keys" in message] == [
+        "There were missing keys in the checkpoint model loaded: ['model.shared.weight']."
+    ]
