@@ -73,6 +73,11 @@ ROPE_SCALINGS = {
     "linear4": {"rope_type": "linear", "factor": 4.0},
     "dynamic4": {"rope_type": "dynamic", "factor": 4.0, "original_max_position_embeddings": 128},
     "yarn4": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 128},
+    # After the rule (docs/length.md): N = 64, about the 4-sentence inputs' 55 source tokens, so that the scaling
+    # starts where the training examples end (dynamic NTK with N = 128 leaves the k = 8 inputs, 109 tokens, as
+    # they were).
+    "dynamic4-n64": {"rope_type": "dynamic", "factor": 4.0, "original_max_position_embeddings": 64},
+    "yarn4-n64": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64},
 }
 # Decode-time length control (docs/length.md), as train.py --length_control saves it: no end before r x the source
 # length (r measured on the training pairs: `runs.generate_settings`) nor before the source's sentence count, with the
