@@ -4,6 +4,7 @@
     python -m study --tables main --seeds 1 2 3 --pairs en-de en-fr
     python -m study --stop_after_minutes 120          # one chunk; run it again to continue
     python -m study --report_only --readme README.md  # rebuild the report and the README's
+    python -m study --tables main --no_report         # runs only; --report_only later writes the report
     python -m study --seeds 2 3 --jobs 9              # one GPU, nine runs at a time
 
 Each run is train.py with the recipe's update budget, checkpoint averaging and decoding, the seed, the system's
@@ -74,6 +75,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--report", default=str(REPO / "docs" / "results.md"), help="the report to write")
     parser.add_argument("--report_only", action="store_true", help="skip training, rebuild the report")
     parser.add_argument(
+        "--no_report",
+        action="store_true",
+        help="train and measure the planned runs, write no report (it takes minutes; rebuild it with --report_only "
+        "once the runs of several commands are in)",
+    )
+    parser.add_argument(
         "--readme",
         help="also write the results into this README (the repository's: README.md): its module table gets the "
         "first pair's BLEU and length cells, its summary a line per pair (default: no README is written)",
@@ -103,6 +110,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     for flag in ("jobs", "threads", "bootstrap_samples", "probe_sentences", "ablation_seeds", "test_limit"):
         if getattr(args, flag) is not None and getattr(args, flag) < 1:
             parser.error(f"--{flag}={getattr(args, flag)} must be at least 1")
+    if args.no_report and (args.report_only or args.readme):
+        parser.error("--no_report writes no report: it cannot go with --report_only or --readme")
     if args.max_steps is not None and args.max_steps < 1:
         parser.error(f"--max_steps={args.max_steps} must be at least 1")
     return args
@@ -149,6 +158,8 @@ def main(argv=None):
         logger.info("%d runs planned, %d done before; %s", len(runs), done_before, machine)
         train_all(runs, args)
         check_results(Path(args.results_dir), args.recipe)  # the runs just recorded too
+    if args.no_report:
+        return
     report = Report(args)
     logger.info("wrote %s (transformers %s)", report.write(), transformers.__version__)
     if readme is not None:

@@ -549,3 +549,19 @@ def test_a_decode_time_row_measures_the_trained_rows_model_its_own_way(tmp_path,
     assert settings["sentence_end_token_ids"] == sentence_end_token_ids(tokenizer) != []
     (written,) = translate(model, tokenizer, ["A man sleeps. A dog runs."], **settings)
     assert isinstance(written, str)  # the settings are ones generate accepts
+
+
+def test_no_report_trains_the_planned_runs_and_writes_no_report(tmp_path, monkeypatch, untouched, capsys):
+    """Rows run in several commands (lanes, chunks) need the report once, not after every command: it takes
+    minutes."""
+    flags, check = untouched
+    trained = []
+    monkeypatch.setattr(cli, "train_all", lambda runs, args: trained.extend(runs))
+    folders = ["--results_dir", str(tmp_path / "results"), "--report", flags[1]]
+    cli.main(["--systems", "none", "--seeds", "1", "--no_report", *folders])
+    assert [(run.system, run.seed) for run in trained] == [("none", 1)]
+    check()
+    with pytest.raises(SystemExit) as refused:
+        cli.parse_args(["--no_report", "--report_only"])
+    assert refused.value.code == 2
+    assert "--no_report writes no report: it cannot go with --report_only or --readme" in capsys.readouterr().err
