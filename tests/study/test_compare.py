@@ -564,4 +564,6 @@ def test_no_report_trains_the_planned_runs_and_writes_no_report(tmp_path, monkey
     with pytest.raises(SystemExit) as refused:
         cli.parse_args(["--no_report", "--report_only"])
     assert refused.value.code == 2
-    assert "--no_report writes no report: it cannot go with --report_only or --readme" in capsys.readouterr().err
+    assert (
+        "--no_report writes no report: it cannot go with --report_only or --readme" in capsys.readouterr().err
+    )
