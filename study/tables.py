@@ -7,6 +7,7 @@ of the settings a finished run is recognised by, so renaming a row or changing i
 """
 
 import json
+import math
 from dataclasses import dataclass, field
 
 from benchmarks.systems import System, main_systems, module_overrides
@@ -78,6 +79,20 @@ ROPE_SCALINGS = {
     # they were).
     "dynamic4-n64": {"rope_type": "dynamic", "factor": 4.0, "original_max_position_embeddings": 64},
     "yarn4-n64": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64},
+    # After the rule: YaRN's two parts apart. Its temperature alone (factor 1 keeps the frequencies; queries and keys
+    # times the attention factor YaRN takes at factor 4, 0.1 ln 4 + 1) and its frequencies alone (attention factor 1).
+    "yarn4-temperature": {
+        "rope_type": "yarn",
+        "factor": 1.0,
+        "original_max_position_embeddings": 128,
+        "attention_factor": 0.1 * math.log(4.0) + 1.0,
+    },
+    "yarn4-frequencies": {
+        "rope_type": "yarn",
+        "factor": 4.0,
+        "original_max_position_embeddings": 128,
+        "attention_factor": 1.0,
+    },
 }
 # Decode-time length control (docs/length.md), as train.py --length_control saves it: no end before r x the source
 # length (r measured on the training pairs: `runs.generate_settings`) nor before the source's sentence count, with the
@@ -230,6 +245,14 @@ ABLATION_ROWS: dict[str, dict[str, Row | None]] = {
             )
             for kind, scaling in ROPE_SCALINGS.items()
         },
+        # After the rule: the best one-pass scaling at k = 8 with the length control that keeps a decoder writing.
+        "rope+concat4+yarn4+length-control": Row(
+            "rope",
+            EXTRAPOLATION_POSITIONS,
+            CONCAT4,
+            EXTRAPOLATION_K,
+            Decoding("rope+concat4", generate=LENGTH_CONTROL, config={"rope_scaling": ROPE_SCALINGS["yarn4"]}),
+        ),
         # windowed decoding on the reference of the rule's k = 1 non-inferiority (docs/length.md)
         "sinusoidal+concat4+windows4": Row(
             "sinusoidal",
