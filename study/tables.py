@@ -251,7 +251,9 @@ ABLATION_ROWS: dict[str, dict[str, Row | None]] = {
             EXTRAPOLATION_POSITIONS,
             CONCAT4,
             EXTRAPOLATION_K,
-            Decoding("rope+concat4", generate=LENGTH_CONTROL, config={"rope_scaling": ROPE_SCALINGS["yarn4"]}),
+            Decoding(
+                "rope+concat4", generate=LENGTH_CONTROL, config={"rope_scaling": ROPE_SCALINGS["yarn4"]}
+            ),
         ),
         # windowed decoding on the reference of the rule's k = 1 non-inferiority (docs/length.md)
         "sinusoidal+concat4+windows4": Row(
