@@ -245,16 +245,19 @@ ABLATION_ROWS: dict[str, dict[str, Row | None]] = {
             )
             for kind, scaling in ROPE_SCALINGS.items()
         },
-        # After the rule: the best one-pass scaling at k = 8 with the length control that keeps a decoder writing.
-        "rope+concat4+yarn4+length-control": Row(
-            "rope",
-            EXTRAPOLATION_POSITIONS,
-            CONCAT4,
-            EXTRAPOLATION_K,
-            Decoding(
-                "rope+concat4", generate=LENGTH_CONTROL, config={"rope_scaling": ROPE_SCALINGS["yarn4"]}
-            ),
-        ),
+        # After the rule: the best one-pass scalings at k = 8 with the length control that keeps a decoder writing.
+        **{
+            f"rope+concat4+{kind}+length-control": Row(
+                "rope",
+                EXTRAPOLATION_POSITIONS,
+                CONCAT4,
+                EXTRAPOLATION_K,
+                Decoding(
+                    "rope+concat4", generate=LENGTH_CONTROL, config={"rope_scaling": ROPE_SCALINGS[kind]}
+                ),
+            )
+            for kind in ("yarn4", "yarn4-frequencies")
+        },
         # windowed decoding on the reference of the rule's k = 1 non-inferiority (docs/length.md)
         "sinusoidal+concat4+windows4": Row(
             "sinusoidal",
