@@ -160,7 +160,8 @@ class MarianPosEncConfig(MarianConfig, ModuleHyperparameters):
         trained on, computed by transformers' `ROPE_INIT_FUNCTIONS`: `{"rope_type": "linear", "factor": f}`,
         `{"rope_type": "dynamic", "factor": f, "original_max_position_embeddings": n}` or `{"rope_type":
         "yarn", "factor": f, "original_max_position_embeddings": n, ...}` (optional yarn keys: attention_factor,
-        beta_fast, beta_slow, mscale, mscale_all_dim, truncate). Only for the `rope` encoding; set it at
+        beta_fast, beta_slow, mscale, mscale_all_dim, truncate, and dynamic: True for YaRN at the factor
+        min(f, length / n)). Only for the `rope` encoding; set it at
         inference, e.g. `from_pretrained(folder, rope_scaling={...})` (docs/length.md).
     sentence_end_token_ids (`list[int]`, defaults to empty = off): the tokens that end a sentence ('.', '!', '?'
         and their BPE forms: `generation_length.sentence_end_token_ids(tokenizer)`). Set, positions restart at 0

@@ -1,7 +1,7 @@
 """Rotary positions inside self-attention: `"rope"`, Su et al. (RoFormer, 2021), Eq. 13-16: queries and keys
 rotated by their position, so q·k depends on the distance only. Optionally the frequencies are rescaled for inputs
-longer than those trained on (`rope_scaling`: linear, dynamic NTK or YaRN, computed by transformers'
-`ROPE_INIT_FUNCTIONS`; docs/length.md). No absolute-length limit; cross-attention gets no rotation.
+longer than those trained on (`rope_scaling`: linear, dynamic NTK, YaRN or dynamic YaRN, computed by
+transformers' `ROPE_INIT_FUNCTIONS`; docs/length.md). No absolute-length limit; cross-attention gets no rotation.
 """
 
 import torch
@@ -25,7 +25,7 @@ ROPE_SCALING_KEYS = {
     "dynamic": ({"factor", "original_max_position_embeddings"}, set()),
     "yarn": (
         {"factor", "original_max_position_embeddings"},
-        {"attention_factor", "beta_fast", "beta_slow", "mscale", "mscale_all_dim", "truncate"},
+        {"attention_factor", "beta_fast", "beta_slow", "mscale", "mscale_all_dim", "truncate", "dynamic"},
     ),
 }
 
@@ -62,8 +62,9 @@ def check_rope_scaling(scaling) -> None:
         raise ValueError(
             f"rope_scaling beta_fast={beta_fast} must be larger than beta_slow={beta_slow} (defaults 32 and 1)."
         )
-    if not isinstance(scaling.get("truncate", True), bool):
-        raise ValueError(f"rope_scaling['truncate']={scaling['truncate']!r} must be True or False.")
+    for key in ("truncate", "dynamic"):
+        if not isinstance(scaling.get(key, True), bool):
+            raise ValueError(f"rope_scaling[{key!r}]={scaling[key]!r} must be True or False.")
 
 
 def effective_rope_scaling(scaling: dict | None) -> dict | None:
@@ -80,7 +81,8 @@ class RopeParameters:
     `max_position_embeddings` (the length past which dynamic NTK raises its base)."""
 
     def __init__(self, scaling: dict, theta: float, head_dim: int):
-        self.rope_parameters = {**scaling, "rope_theta": theta}
+        self.rope_parameters = {key: value for key, value in scaling.items() if key != "dynamic"}
+        self.rope_parameters["rope_theta"] = theta
         self.head_dim = self.hidden_size = head_dim
         self.num_attention_heads = 1
         self.max_position_embeddings = scaling.get("original_max_position_embeddings")
@@ -100,10 +102,11 @@ class RotaryPositionEncoding(PositionEncoding):
     `rope_scaling` replaces theta_i by the frequencies transformers computes (`ROPE_INIT_FUNCTIONS`), and
     multiplies the rotated queries and keys by its attention factor (YaRN's, as transformers' rotary layers
     multiply cos and sin): linear (position interpolation, Chen et al. 2023: theta_i / f, so position p turns as
-    p / f did), YaRN (Peng et al. 2024) and dynamic NTK. Dynamic frequencies depend on the length n: in the
-    encoder each source's own, in the decoder p + 1 for the token at position p (what transformers' dynamic
-    rotary layer computes while decoding with a cache, so a cached decode equals the full forward); for n up to
-    `original_max_position_embeddings` they are RoFormer's.
+    p / f did), YaRN (Peng et al. 2024), dynamic NTK and dynamic YaRN (`"dynamic": True`: YaRN at the factor
+    min(f, n / N)). Dynamic frequencies depend on the length n: in the encoder each source's own, in the decoder
+    p + 1 for the token at position p (what transformers' dynamic rotary layer computes while decoding with a
+    cache, so a cached decode equals the full forward); for n up to `original_max_position_embeddings` N they are
+    RoFormer's.
     """
 
     title = "RoPE"
@@ -120,6 +123,14 @@ class RotaryPositionEncoding(PositionEncoding):
         "yarn-scaling": {
             "rope_scaling": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 4}
         },
+        "dynamic-yarn-scaling": {
+            "rope_scaling": {
+                "rope_type": "yarn",
+                "factor": 4.0,
+                "original_max_position_embeddings": 4,
+                "dynamic": True,
+            }
+        },
     }
 
     def __init__(self, config, stack):
@@ -129,6 +140,7 @@ class RotaryPositionEncoding(PositionEncoding):
         self.scaling = effective_rope_scaling(config.rope_scaling)
         inverse_frequencies, self.attention_factor = self.frequencies()
         self.register_buffer("inverse_frequencies", inverse_frequencies, persistent=False)  # (Dh/2,)
+        self.yarn_by_length = {}  # dynamic YaRN's frequencies and attention factor per (length, device)
 
     @classmethod
     def check_config(cls, config, stack):
@@ -145,41 +157,75 @@ class RotaryPositionEncoding(PositionEncoding):
 
     def reset_parameters(self):
         init.copy_(self.inverse_frequencies, self.frequencies()[0])
+        self.yarn_by_length.clear()
+
+    @property
+    def dynamic(self) -> bool:
+        """Whether the frequencies follow the sequence length: dynamic NTK, or YaRN with `dynamic`."""
+        return self.scaling is not None and (
+            self.scaling["rope_type"] == "dynamic" or self.scaling.get("dynamic", False)
+        )
 
     def frequencies(self) -> tuple[torch.Tensor, float]:
-        """theta_i (Dh/2,) and the factor on rotated queries and keys: RoFormer's without scaling and for dynamic
-        NTK (rescaled per length in `rotate`), else transformers' for `rope_scaling`."""
+        """theta_i (Dh/2,) and the factor on rotated queries and keys: RoFormer's without scaling and for the
+        dynamic scalings (rescaled per length in `rotate`), else transformers' for `rope_scaling`."""
         table = rope_inverse_frequencies(self.head_dim, self.config.rope_theta)
-        if self.scaling is None or self.scaling["rope_type"] == "dynamic":
+        if self.scaling is None or self.dynamic:
             return table, 1.0
         compute = ROPE_INIT_FUNCTIONS[self.scaling["rope_type"]]
         inverse, factor = compute(RopeParameters(self.scaling, self.config.rope_theta, self.head_dim), None)
         return inverse, float(factor)
 
-    def dynamic_frequencies(self, lengths: torch.Tensor) -> torch.Tensor:
-        """Dynamic NTK's theta_i for sequences of `lengths` (B|1, L|1), through transformers' function (its
-        base raised by (f n / N - f + 1)^(d/(d-2)) past the training length N): (B|1, L|1, Dh/2); RoFormer's,
-        bit for bit, where n <= N."""
-        parameters = RopeParameters(self.scaling, self.config.rope_theta, self.head_dim)
+    def dynamic_frequencies(self, lengths: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | float]:
+        """theta_i for sequences of `lengths` (B|1, L|1), through transformers' functions, and the factor on rotated
+        queries and keys: (B|1, L|1, Dh/2) and (B|1, L|1, 1) or 1. RoFormer's, bit for bit, and 1 where n <= N,
+        the training length. Past N, dynamic NTK raises the base by (f n / N - f + 1)^(d/(d-2)); dynamic YaRN
+        takes YaRN's frequencies and attention factor at the factor s = min(f, n / N) (Peng et al. 2024, §3.3
+        "Dynamic Scaling", s = max(1, n / N), here at most `factor`)."""
+        trained = self.scaling["original_max_position_embeddings"]
         lengths = lengths[..., None]  # (B|1, L|1, 1)
-        scaled, _ = ROPE_INIT_FUNCTIONS["dynamic"](parameters, lengths.device, seq_len=lengths)
-        trained = lengths <= self.scaling["original_max_position_embeddings"]
-        return torch.where(trained, self.inverse_frequencies, scaled)  # (B|1, L|1, Dh/2)
+        if self.scaling["rope_type"] == "dynamic":
+            parameters = RopeParameters(self.scaling, self.config.rope_theta, self.head_dim)
+            scaled, _ = ROPE_INIT_FUNCTIONS["dynamic"](parameters, lengths.device, seq_len=lengths)
+            return torch.where(lengths <= trained, self.inverse_frequencies, scaled), 1.0
+        distinct, where = torch.unique(lengths, return_inverse=True)
+        inverse, factor = zip(*(self.yarn_at(int(length)) for length in distinct.tolist()), strict=True)
+        factor = torch.tensor(factor, device=lengths.device)
+        return torch.stack(inverse)[where[..., 0]], factor[where]  # (B|1, L|1, Dh/2), (B|1, L|1, 1)
+
+    def yarn_at(self, length: int) -> tuple[torch.Tensor, float]:
+        """Dynamic YaRN's theta_i (Dh/2,) and attention factor for a sequence of `length` tokens (kept per length:
+        a decoder asks for one new length a step)."""
+        device = self.inverse_frequencies.device
+        if (length, device) not in self.yarn_by_length:
+            trained = self.scaling["original_max_position_embeddings"]
+            if length <= trained:
+                self.yarn_by_length[length, device] = self.inverse_frequencies, 1.0
+            else:
+                scaling = {**self.scaling, "factor": min(self.scaling["factor"], length / trained)}
+                parameters = RopeParameters(scaling, self.config.rope_theta, self.head_dim)
+                inverse, factor = ROPE_INIT_FUNCTIONS["yarn"](parameters, device)
+                self.yarn_by_length[length, device] = inverse.to(device), float(factor)
+        return self.yarn_by_length[length, device]
 
     def rotate(self, states: torch.Tensor, positions: torch.Tensor, lengths=None) -> torch.Tensor:
-        """(B, H, L, Dh) rotated by positions (B|1, L); `lengths` (B|1, L|1) set dynamic NTK's frequencies."""
-        inverse = self.inverse_frequencies if lengths is None else self.dynamic_frequencies(lengths)[:, None]
+        """(B, H, L, Dh) rotated by positions (B|1, L); `lengths` (B|1, L|1) set the dynamic frequencies."""
+        if lengths is None:
+            inverse, factor = self.inverse_frequencies, self.attention_factor
+        else:
+            inverse, factor = self.dynamic_frequencies(lengths)
+            inverse, factor = inverse[:, None], factor[:, None] if torch.is_tensor(factor) else factor
         angles = positions[:, None, :, None].float() * inverse  # (B|1, 1, L, Dh/2)
         cos, sin = angles.cos(), angles.sin()
         first, second = states.float().chunk(2, dim=-1)  # (B, H, L, Dh/2) each
         rotated = torch.cat((first * cos - second * sin, second * cos + first * sin), dim=-1)
-        if self.attention_factor != 1.0:  # YaRN: logits times its square
-            rotated = rotated * self.attention_factor
+        if torch.is_tensor(factor) or factor != 1.0:  # YaRN: logits times its square
+            rotated = rotated * factor
         return rotated.to(states.dtype)  # (B, H, L, Dh)
 
     def rotate_queries_keys(self, layer_idx, query, key, context):
         key_positions = context.key_positions[:, -key.shape[2] :]  # the new keys only
-        if self.scaling is None or self.scaling["rope_type"] != "dynamic":
+        if not self.dynamic:
             return self.rotate(query, context.query_positions), self.rotate(key, key_positions)
         if self.stack == DECODER:  # n = p + 1 for each token: fixed once the token is cached
             query_lengths, key_lengths = context.query_positions + 1, key_positions + 1  # (B|1, q), (B|1, k)

@@ -19,6 +19,7 @@ from tests.helpers import PAD, VOCAB, decode_with_cache, record_positions
 DRAWS = 48  # L of the randomized positions; the tiny models' tables hold 64
 DYNAMIC = {"rope_type": "dynamic", "factor": 2.0, "original_max_position_embeddings": 4}
 YARN = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 4}
+DYNAMIC_YARN = {**YARN, "dynamic": True}
 LINEAR = {"rope_type": "linear", "factor": 4.0}
 
 
@@ -372,7 +373,7 @@ def test_dynamic_frequencies_are_transformers_own_per_source_and_per_decoder_pos
 
     encoder = rope_encoding(DYNAMIC)
     for length in (3, 4, 7, 11):
-        frequencies = encoder.dynamic_frequencies(torch.tensor([[length]]))[0, 0]
+        frequencies = encoder.dynamic_frequencies(torch.tensor([[length]]))[0][0, 0]
         torch.testing.assert_close(frequencies, expected(length), atol=0, rtol=0)
     captured = []
     decoder = rope_encoding(DYNAMIC, "decoder")
@@ -389,7 +390,48 @@ def test_dynamic_frequencies_are_transformers_own_per_source_and_per_decoder_pos
     torch.testing.assert_close(captured[0], torch.tensor([[6], [3]]), atol=0, rtol=0)
 
 
-@pytest.mark.parametrize("scaling", [LINEAR, DYNAMIC, YARN], ids=["linear", "dynamic", "yarn"])
+def test_dynamic_yarn_is_transformers_yarn_at_the_factor_the_length_sets(rope_encoding):
+    """Dynamic YaRN rotates a sequence of n tokens with transformers' YaRN frequencies and attention factor at the
+    factor min(f, n / N) (N = 4, f = 4): RoFormer's, bit for bit, and 1 up to N; the encoder takes each source's
+    own n, the decoder p + 1 for position p."""
+    plain = rope_encoding(None).inverse_frequencies
+    encoder = rope_encoding(DYNAMIC_YARN)
+    assert encoder.attention_factor == 1.0  # nothing static
+    states = torch.randn(1, 4, 6, 8)
+    factors = []
+    for length in (3, 4, 6, 11, 16, 40):
+        frequencies, factor = encoder.dynamic_frequencies(torch.tensor([[length]]))
+        if length <= 4:
+            expected, expected_factor = plain, 1.0
+        else:
+            scaled = {**YARN, "factor": min(4.0, length / 4)}
+            expected, expected_factor = ROPE_INIT_FUNCTIONS["yarn"](transformers_rope(scaled, 4), None)
+        torch.testing.assert_close(frequencies[0, 0], expected, atol=0, rtol=0)
+        assert factor[0, 0, 0].item() == pytest.approx(expected_factor, rel=1e-6)
+        factors.append(factor.item())
+        positions = torch.arange(6)[None]
+        angles = positions[0, :, None] * expected
+        first, second = states.chunk(2, dim=-1)
+        cos, sin = angles.cos() * expected_factor, angles.sin() * expected_factor
+        rotated = torch.cat((first * cos - second * sin, second * cos + first * sin), dim=-1)
+        actual = encoder.rotate(states, positions, torch.tensor([[length]]))
+        torch.testing.assert_close(actual, rotated, atol=1e-6, rtol=1e-5)
+    assert factors[:2] == [1.0, 1.0] and factors[2] < factors[3] < factors[4] == factors[5]  # capped at f = 4
+    decoder = rope_encoding(DYNAMIC_YARN, "decoder")
+    captured, original = [], decoder.dynamic_frequencies
+    decoder.dynamic_frequencies = lambda lengths: captured.append(lengths) or original(lengths)
+    positions = torch.arange(6)[None]
+    decoder.rotate_queries_keys(0, states, states, PositionContext(decoder, positions, positions))
+    torch.testing.assert_close(captured[0], positions + 1, atol=0, rtol=0)
+    mixed = decoder.dynamic_frequencies(torch.tensor([[2, 9], [9, 2]]))[0]  # one call, several lengths
+    torch.testing.assert_close(mixed[0, 0], plain, atol=0, rtol=0)
+    torch.testing.assert_close(mixed[0, 1], mixed[1, 0], atol=0, rtol=0)
+    assert not torch.equal(mixed[0, 1], plain)
+
+
+@pytest.mark.parametrize(
+    "scaling", [LINEAR, DYNAMIC, YARN, DYNAMIC_YARN], ids=["linear", "dynamic", "yarn", "dynamic-yarn"]
+)
 def test_rope_scaling_is_exact_with_the_cache_and_changes_the_logits(
     scaling, tiny_model, source_batch, target_batch, rope_logits
 ):
@@ -456,6 +498,14 @@ def test_rope_scaling_is_set_at_load_time_and_saved(tmp_path, tiny_model, source
         (
             {"rope_scaling": {**DYNAMIC, "original_max_position_embeddings": 0}},
             r"original_max_position_embeddings'\]=0 must be an integer >= 1",
+        ),
+        (
+            {"rope_scaling": {**YARN, "dynamic": "yes"}},
+            r"rope_scaling\['dynamic'\]='yes' must be True or False",
+        ),
+        (
+            {"rope_scaling": {**DYNAMIC, "dynamic": True}},
+            r"of type 'dynamic' takes no dynamic; its keys: factor, original_max_position_embeddings",
         ),
     ],
 )
