@@ -93,6 +93,15 @@ ROPE_SCALINGS = {
         "original_max_position_embeddings": 128,
         "attention_factor": 1.0,
     },
+    # After the rule: YaRN's frequencies at the factor the input's length sets, n / 64 up to 4 (dynamic YaRN), so
+    # that inputs as long as the 4-sentence training examples keep the model's own rotations.
+    "dynamic-yarn4-n64-frequencies": {
+        "rope_type": "yarn",
+        "factor": 4.0,
+        "original_max_position_embeddings": 64,
+        "attention_factor": 1.0,
+        "dynamic": True,
+    },
 }
 # Decode-time length control (docs/length.md), as train.py --length_control saves it: no end before r x the source
 # length (r measured on the training pairs: `runs.generate_settings`) nor before the source's sentence count, with the
