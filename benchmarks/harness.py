@@ -366,15 +366,18 @@ def real_length_batch(pairs, batch_size: int, config, generator) -> tuple[torch.
 
 
 class StepClock(LogitsProcessor):
-    """Records the time whenever `generate` reaches the logits processors, i.e. once per decoding step."""
+    """Records the time whenever `generate` reaches the logits processors, i.e. once per decoding step: on the CPU
+    the process's CPU time (another job on the machine takes the cores in turns, which wall time would count; the
+    process's own work it does not change), on a GPU the wall time after synchronizing."""
 
     def __init__(self, device):
         self.device = device
+        self.clock = time.perf_counter if torch.device(device).type == "cuda" else time.process_time
         self.times = []
 
     def __call__(self, input_ids, scores):
         synchronize(self.device)
-        self.times.append(time.perf_counter())
+        self.times.append(self.clock())
         return scores
 
 
