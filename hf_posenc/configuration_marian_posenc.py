@@ -161,8 +161,8 @@ class MarianPosEncConfig(MarianConfig, ModuleHyperparameters):
         `{"rope_type": "dynamic", "factor": f, "original_max_position_embeddings": n}` or `{"rope_type":
         "yarn", "factor": f, "original_max_position_embeddings": n, ...}` (optional yarn keys: attention_factor,
         beta_fast, beta_slow, mscale, mscale_all_dim, truncate, and dynamic: True for YaRN at the factor
-        min(f, length / n)). Only for the `rope` encoding; set it at
-        inference, e.g. `from_pretrained(folder, rope_scaling={...})` (docs/length.md).
+        min(f, length / n)). Only for the `rope` encoding; set it at inference, e.g.
+        `from_pretrained(folder, rope_scaling={...})` (docs/length.md).
     sentence_end_token_ids (`list[int]`, defaults to empty = off): the tokens that end a sentence ('.', '!', '?'
         and their BPE forms: `generation_length.sentence_end_token_ids(tokenizer)`). Set, positions restart at 0
         after each sentence end in both stacks, and the sentence index 0, 1, 2, ... becomes a signal of its own
