@@ -8,7 +8,8 @@ plus parameters and gradients — the part of training memory that positional mo
 allocator's peak is used instead.
 """
 
-import itertools
+import copy
+import random
 import statistics
 import time
 from collections.abc import Callable
@@ -365,33 +366,61 @@ def real_length_batch(pairs, batch_size: int, config, generator) -> tuple[torch.
     return ids, lengths
 
 
-class StepClock(LogitsProcessor):
-    """Records the time whenever `generate` reaches the logits processors, i.e. once per decoding step: on the CPU
-    the process's CPU time (another job on the machine takes the cores in turns, which wall time would count; the
-    process's own work it does not change), on a GPU the wall time after synchronizing."""
-
-    def __init__(self, device):
-        self.device = device
-        self.clock = time.perf_counter if torch.device(device).type == "cuda" else time.process_time
-        self.times = []
-
-    def __call__(self, input_ids, scores):
-        synchronize(self.device)
-        self.times.append(self.clock())
-        return scores
+def step_clock(device) -> Callable[[], float]:
+    """The clock of one decoding step: on the CPU the process's CPU time (another job on the machine takes the
+    cores in turns, which wall time would count; the process's own work it does not change), on a GPU the wall
+    time, read after synchronizing."""
+    return time.perf_counter if torch.device(device).type == "cuda" else time.process_time
 
 
-def decode_step_seconds(model, source, new_tokens: int, device, autocast_dtype) -> list[float]:
-    """Seconds of each greedy decoding step after the first, through `generate` with its cache.
-
-    Entry i is the step whose decoder input holds i + 2 tokens (start token + i + 1 generated), so a model
-    that recomputes its prefix shows step times growing with i well beyond attention's linear cache read.
-    """
-    clock = StepClock(device)
-    kwargs = generation_kwargs(new_tokens, beams=1)
+def prefilled_decoder(model, source, prefix: int, device, autocast_dtype) -> tuple:
+    """What greedy decoding holds when its cache reaches `prefix` decoder tokens: the encoder output of `source`
+    (1, S) and the cache of the start token and `prefix` - 1 other tokens (fixed random ids), from the model's
+    own forward with the cache on."""
+    generator = torch.Generator().manual_seed(prefix)
+    tokens = torch.randint(2, model.config.vocab_size, (1, prefix), generator=generator)  # (1, prefix)
+    tokens[0, 0] = model.config.decoder_start_token_id
     with torch.inference_mode(), autocast(device, autocast_dtype):
-        model.generate(source, logits_processor=LogitsProcessorList([clock]), **kwargs)
-    return [later - earlier for earlier, later in itertools.pairwise(clock.times)]
+        encoder_outputs = model.get_encoder()(input_ids=source)
+        output = model(encoder_outputs=encoder_outputs, decoder_input_ids=tokens.to(device), use_cache=True)
+    return encoder_outputs, output.past_key_values
+
+
+def timed_decode_step(model, encoder_outputs, cache, device, autocast_dtype) -> float:
+    """Seconds of one greedy decoding step on a copy of `cache` (the copy is not timed): one new token through
+    the decoder with the cache, its logits."""
+    token = torch.full((1, 1), 2, dtype=torch.long, device=device)
+    clock = step_clock(device)
+    with torch.inference_mode(), autocast(device, autocast_dtype):
+        cache = copy.deepcopy(cache)
+        synchronize(device)
+        start = clock()
+        model(encoder_outputs=encoder_outputs, decoder_input_ids=token, past_key_values=cache, use_cache=True)
+        synchronize(device)
+        return clock() - start
+
+
+def decode_step_seconds(
+    models: dict, source, prefixes: list[int], rounds: int, device, autocast_dtype, seed: int = 0
+) -> dict[str, list[float]]:
+    """`<system>@<prefix>` -> the seconds of one greedy step (batch 1) whose cache holds `prefix` tokens, once per
+    round. Every system's cache is filled once per prefix; each round times every (system, prefix) step once, in
+    an order shuffled anew, so that what the machine does meanwhile falls on every system and prefix alike."""
+    states = {
+        (name, prefix): prefilled_decoder(model, source, prefix, device, autocast_dtype)
+        for name, model in models.items()
+        for prefix in prefixes
+    }
+    order, shuffle = list(states), random.Random(seed)
+    for name, prefix in order:  # warm-up
+        timed_decode_step(models[name], *states[name, prefix], device, autocast_dtype)
+    seconds = {f"{name}@{prefix}": [] for name, prefix in order}
+    for _ in range(rounds):
+        shuffle.shuffle(order)
+        for name, prefix in order:
+            step = timed_decode_step(models[name], *states[name, prefix], device, autocast_dtype)
+            seconds[f"{name}@{prefix}"].append(step)
+    return seconds
 
 
 def ratio_table(results: list[StepResult], baseline: str) -> str:

@@ -341,9 +341,10 @@ def fast_loop_section(generation: dict, names: list[str], settings: list[str], l
 
 def decoding_section(results: dict, names: list[str], args) -> list[str]:
     return [
-        "## Per-token decoding time vs prefix length (greedy, batch 1, through `generate` with its cache)",
+        "## Per-token decoding time vs prefix length (greedy, batch 1, the model's forward with its cache)",
         "",
-        "Milliseconds per step at each prefix (fastest of the repeats, median over a ±10% window of steps), "
+        f"Milliseconds of one step whose cache holds the prefix (median of {args.decode_rounds} rounds, every "
+        "system and prefix once per round in a shuffled order), "
         f"and the growth from prefix {min(args.decode_prefixes)} to {max(args.decode_prefixes)} relative to "
         "stock Marian's growth (≈1 means no prefix recomputation beyond what attention's cache read costs):",
         "",

@@ -112,6 +112,12 @@ def add_workload_flags(parser) -> None:
         "--new_tokens", type=int, default=24, help="tokens generated per sequence (min = max)"
     )
     parser.add_argument("--decode_prefixes", nargs="+", type=int, default=[10, 25, 50, 100, 200, 400])
+    parser.add_argument(
+        "--decode_rounds",
+        type=int,
+        default=100,
+        help="single steps timed per system and prefix (decode phase)",
+    )
     parser.add_argument("--repeats", type=int, default=5)
 
 
@@ -206,7 +212,7 @@ def select_systems(names: list[str] | None) -> list[System]:
 
 
 def model_fields(args, systems: list[System]) -> dict:
-    decoder_longest = max(args.new_tokens, decode_new_tokens(args)) + 1  # + the start token
+    decoder_longest = max(args.new_tokens, max(args.decode_prefixes)) + 1  # + the start token
     # SHAPE shifts training positions by up to shape_max_shift
     shift = max((system.overrides or {}).get("shape_max_shift", 0) for system in systems)
     longest = max(max(args.lengths) + shift, *args.forward_lengths, args.source_length, decoder_longest)
@@ -360,40 +366,23 @@ def measure_generation(models, args, dtype) -> dict:
     return {"tokens_per_second": tokens_per_second, "identical": identical}
 
 
-def window_half(prefix: int) -> int:
-    """Steps on each side of a prefix whose times are pooled (±10%, at least 2)."""
-    return max(2, prefix // 10)
-
-
-def decode_new_tokens(args) -> int:
-    """Tokens to generate so that the window around the longest prefix is complete."""
-    longest = max(args.decode_prefixes)
-    return longest + window_half(longest) + 1
-
-
 def measure_decode_steps(models, args, dtype) -> dict:
-    """Milliseconds per greedy step (batch 1) at each prefix: fastest repeat, median over a window of steps."""
+    """Milliseconds of one greedy step (batch 1) at each prefix: the median over `--decode_rounds` rounds of
+    single steps, systems and prefixes in a shuffled order each round."""
     generator = torch.Generator().manual_seed(args.seed)
     source = torch.randint(
         2, models[STOCK_MARIAN].config.vocab_size, (1, args.source_length), generator=generator
     )
-    source = source.to(args.device)
-    new_tokens = decode_new_tokens(args)
-    for model in models.values():  # warm-up
-        decode_step_seconds(model, source, min(new_tokens, 16), args.device, dtype)
-    runs = {name: [] for name in models}
-    for _ in range(args.repeats):
-        for name, model in models.items():
-            runs[name].append(decode_step_seconds(model, source, new_tokens, args.device, dtype))
-    per_prefix = {}
-    for name, repeats in runs.items():
-        # steps[i]: the step whose cache holds i + 1 tokens. Other jobs on the machine only ever add time, and
-        # their bursts hit runs of consecutive steps, so each step keeps its fastest repeat.
-        steps = [min(values) for values in zip(*repeats, strict=True)]
-        for prefix in args.decode_prefixes:
-            window = steps[max(0, prefix - 1 - window_half(prefix)) : prefix + window_half(prefix)]
-            per_prefix[f"{name}@{prefix}"] = 1e3 * statistics.median(window)
-    return per_prefix
+    steps = decode_step_seconds(
+        models,
+        source.to(args.device),
+        args.decode_prefixes,
+        args.decode_rounds,
+        args.device,
+        dtype,
+        args.seed,
+    )
+    return {key: 1e3 * statistics.median(values) for key, values in steps.items()}
 
 
 def machine_line(args) -> str:

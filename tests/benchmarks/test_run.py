@@ -37,6 +37,7 @@ def test_benchmark_command_writes_tables_and_plots_for_every_system(tmp_path):
     ]
     command += ["--forward_times", "2", "--repeats", "1", "--generation_batch_sizes", "1", "2"]
     command += ["--source_length", "5", "--new_tokens", "3", "--decode_prefixes", "3", "6"]
+    command += ["--decode_rounds", "2"]
     command += ["--output_dir", str(tmp_path)]
     subprocess.run(command, check=True, cwd=REPO, timeout=120)
 
