@@ -341,7 +341,7 @@ def fast_loop_section(generation: dict, names: list[str], settings: list[str], l
 
 def decoding_section(results: dict, names: list[str], args) -> list[str]:
     return [
-        "## Per-token decoding time vs prefix length (greedy, batch 1, the model's forward with its cache)",
+        "## Per-token decoding time vs prefix length (greedy, batch 1)",
         "",
         f"Milliseconds of one step whose cache holds the prefix (median of {args.decode_rounds} rounds, every "
         "system and prefix once per round in a shuffled order), "
