@@ -19,6 +19,7 @@ from transformers import GenerationConfig, MarianConfig, PreTrainedConfig, PreTr
 from transformers.activations import ACT2FN
 from transformers.utils import logging
 
+from .attention_windows import check_attention_windows
 from .base import ATTENTION_SITES, CROSS_ATTENTION, STACKS, Hyperparameter
 from .registry import POSITION_ENCODINGS, TOKEN_MIXERS
 from .sentence_positions import check_sentence_config
@@ -156,6 +157,14 @@ class MarianPosEncConfig(MarianConfig, ModuleHyperparameters):
         `decoder_self_attention`, `cross_attention`) whose content-attention logits are multiplied by log n, n
         the number of keys the query may attend to (Chiang & Cholak 2022). Each named site must use the
         `attention` mixer.
+    attention_window (`int`, defaults to None = off): W; every self-attention query reads only the keys within W
+        positions of its own (encoder |i - j| <= W; decoder i - W <= j <= i, and the start token always), so that
+        no attended span is longer than W + 1 tokens however long the input (attention_windows.py,
+        docs/length.md). Needs the `attention` mixer at both self-attention sites.
+    cross_attention_window (`int`, defaults to None = off): C; target token i reads only the source positions
+        within C of min(i / r, n - 1), n the source's length; needs `cross_attention="attention"`.
+    cross_attention_window_ratio (`float`, defaults to 1.0): r, target tokens per source token, where the
+        cross-attention window's centre moves; only with `cross_attention_window`.
     rope_scaling (`dict`, defaults to None = off): RoPE frequencies rescaled for inputs longer than those
         trained on, computed by transformers' `ROPE_INIT_FUNCTIONS`: `{"rope_type": "linear", "factor": f}`,
         `{"rope_type": "dynamic", "factor": f, "original_max_position_embeddings": n}` or `{"rope_type":
@@ -220,6 +229,9 @@ class MarianPosEncConfig(MarianConfig, ModuleHyperparameters):
     sentence_cross_attention_max_distance: int = 3
     randomized_positions_max: int = 0
     log_length_scaling: list[str] | tuple[str, ...] = ()
+    attention_window: int | None = None
+    cross_attention_window: int | None = None
+    cross_attention_window_ratio: float = 1.0
     rope_scaling: dict | None = None  # shadows PreTrainedConfig's deprecated alias of `rope_parameters`
 
     def __post_init__(self, **kwargs):
@@ -383,9 +395,11 @@ class MarianPosEncConfig(MarianConfig, ModuleHyperparameters):
             raise ValueError("eos_token_id=[] names no end-of-sequence token: give an id (or a list of ids).")
 
     def check_length_options(self) -> None:
-        """Randomized positions, log-length scaling and RoPE scaling (docs/length.md): values, and the modules
-        each one needs. The RoPE scaling dictionary itself is checked by the `rope` encoding's `check_config`."""
+        """Randomized positions, log-length scaling, attention windows and RoPE scaling (docs/length.md): values,
+        and the modules each one needs. The RoPE scaling dictionary itself is checked by the `rope` encoding's
+        `check_config`."""
         self.check_randomized_positions()
+        check_attention_windows(self)
         for site in self.log_length_scaling:
             check_choice("log_length_scaling", site, ATTENTION_SITES)
             if getattr(self, site) != CONTENT_ATTENTION:

@@ -90,6 +90,10 @@ class ContentAttention(TokenMixer):
             "sentence_end_token_ids": [5, 11, 17, 23, 29],
             "sentence_cross_attention_bias": True,
         },
+        # Attention windows (attention_windows.py) narrow enough to mask keys at the suite's lengths, over
+        # sinusoids and over KERPLE's bias (folded into the mask the window restricts).
+        "windows": {"attention_window": 3, "cross_attention_window": 2, "cross_attention_window_ratio": 1.5},
+        "windows-kerple": {"position_encoding": "kerple", "attention_window": 3, "cross_attention_window": 2},
     }
     # Causality comes from the mask or the context's order, and the cross-attention mask may carry a bias.
     supports_sentence_positions = True

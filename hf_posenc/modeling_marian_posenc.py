@@ -37,6 +37,7 @@ from transformers.modeling_outputs import (
 )
 from transformers.utils import can_return_tuple, logging
 
+from .attention_windows import cross_window_mask, decoder_window_mask, encoder_window_mask
 from .base import (
     DECODER,
     ENCODER,
@@ -261,6 +262,7 @@ class MarianPosEncEncoder(MarianPosEncStack):
         mask = create_bidirectional_mask(
             config=self.config, inputs_embeds=inputs_embeds, attention_mask=attention_mask
         )
+        mask = encoder_window_mask(mask, position_ids, self.config.attention_window)
         score_mask = stack_score_mask(self.position_encoding, mask, context, is_causal=False)
         hidden_states, all_hidden_states, (all_attentions,) = self.run_layers(
             hidden_states, (mask, score_mask, context), output_attentions, output_hidden_states
@@ -310,6 +312,20 @@ class MarianPosEncDecoder(MarianPosEncStack):
             inputs_embeds=inputs_embeds,
             attention_mask=encoder_attention_mask,
             encoder_hidden_states=encoder_hidden_states,
+        )
+        # Attention windows (attention_windows.py), from the positions of the cached and new tokens.
+        device = inputs_embeds.device
+        causal_mask = decoder_window_mask(
+            causal_mask, past_length, query_length, self.config.attention_window, device
+        )
+        cross_mask = cross_window_mask(
+            cross_mask,
+            past_length,
+            query_length,
+            encoder_attention_mask,
+            encoder_hidden_states.shape[1],
+            self.config,
+            device,
         )
         return causal_mask, cross_mask
 

@@ -20,6 +20,7 @@ from dataclasses import MISSING, dataclass, fields
 from pathlib import Path
 
 import torch
+from transformers import AutoTokenizer
 
 from hf_posenc.analysis.length_generalisation import (
     DEFAULT_BUCKET_EDGES,
@@ -29,6 +30,7 @@ from hf_posenc.analysis.length_generalisation import (
     text_fingerprint,
 )
 from hf_posenc.analysis.word_order_probe import word_order_probe
+from hf_posenc.attention_windows import measure_token_ratio
 from hf_posenc.configuration_marian_posenc import RENAMED_FIELDS
 from hf_posenc.generation_length import (
     NEEDS_SENTENCE_ENDS,
@@ -259,6 +261,14 @@ def execute_decoding(run: Run, args) -> str:
     return f"{run.label()}: BLEU {bleu:.2f} in {(time.monotonic() - started) / 60:.1f} min (decoding only)"
 
 
+def training_lengths(run: Run, tokenizer) -> list[list[int]]:
+    """The token lengths (with `</s>`) of the training pairs of a run's recipe and pair under `tokenizer`: the
+    sources', then the targets'."""
+    data = data_settings(run.recipe)
+    pairs = read_split(Path(data.data_dir), data.train_split, run.source_lang, run.target_lang)
+    return [[len(ids) for ids in tokenizer(texts)["input_ids"]] for texts in (pairs.source, pairs.target)]
+
+
 def generate_settings(run: Run, tokenizer) -> dict:
     """A run's generation settings: none of its own for a trained row; a decode-time row's, with a
     `min_length_ratio` of `TRAINING_RATIO` measured on the training pairs of its recipe and pair with the model's
@@ -269,22 +279,29 @@ def generate_settings(run: Run, tokenizer) -> dict:
         return {}
     settings = dict(decoding.generate)
     if settings.get("min_length_ratio") == TRAINING_RATIO:
-        data = data_settings(run.recipe)
-        pairs = read_split(Path(data.data_dir), data.train_split, run.source_lang, run.target_lang)
-        lengths = [
-            [len(ids) for ids in tokenizer(texts)["input_ids"]] for texts in (pairs.source, pairs.target)
-        ]
-        settings["min_length_ratio"] = measure_min_length_ratio(*lengths)
+        settings["min_length_ratio"] = measure_min_length_ratio(*training_lengths(run, tokenizer))
     if any(settings.get(key) for key in NEEDS_SENTENCE_ENDS):
         settings["sentence_end_token_ids"] = sentence_end_token_ids(tokenizer)
     return settings
+
+
+def decoding_config(run: Run, models: Path) -> dict:
+    """The config fields a decode-time row loads its model with, a `cross_attention_window_ratio` of
+    `TRAINING_RATIO` measured on the training pairs with the model's tokenizer (docs/length.md); none for a
+    trained row."""
+    decoding = DECODING.get(run.system)
+    config = dict(decoding.config) if decoding else {}
+    if config.get("cross_attention_window_ratio") == TRAINING_RATIO:
+        tokenizer = AutoTokenizer.from_pretrained(models)
+        config["cross_attention_window_ratio"] = measure_token_ratio(*training_lengths(run, tokenizer))
+    return config
 
 
 def decoded_test_set(run: Run, models: Path, results: Path, test, bf16: bool) -> None:
     """A decode-time row's own test translations and scores: the trained row's scores.json with BLEU, chrF++ and
     their signatures from this row's decoding, and the decoding recorded."""
     decoding = DECODING[run.system]
-    model, tokenizer = load_translation_model(models, **decoding.config)
+    model, tokenizer = load_translation_model(models, **decoding_config(run, models))
     hypotheses = translate(model, tokenizer, test.source, bf16=bf16, **generate_settings(run, tokenizer))
     scores = json.loads((models / "scores.json").read_text())
     scores.update(score_translations(hypotheses, test.target), decoding=vars(decoding))
@@ -299,7 +316,7 @@ def measure(run: Run, models: Path, results: Path, args) -> None:
     test = test_set(run.recipe, run.pair, args.test_limit)
     bf16 = args.run_precision == "bf16"
     decoding = DECODING.get(run.system)
-    model, tokenizer = load_translation_model(models, **(decoding.config if decoding else {}))
+    model, tokenizer = load_translation_model(models, **decoding_config(run, models))
     sources = test.source[: args.probe_sentences]
     probes = word_order_probe(
         model, tokenizer, sources, num_permutations=2, num_beams=1, max_new_tokens=64, bf16=bf16
@@ -331,8 +348,7 @@ def length_harness(
     k > 1 joined sentences: the harness keeps only their scores, and the translations are what shows how a model
     fails there (one sentence written for four). A k whose inputs need more positions than the model holds has
     no translations. A decode-time row (`run`'s system) loads and decodes the model its way."""
-    decoding = DECODING.get(run.system)
-    model, tokenizer = load_translation_model(models, **(decoding.config if decoding else {}))
+    model, tokenizer = load_translation_model(models, **decoding_config(run, models))
     generate = generate_settings(run, tokenizer)
     if torch.cuda.is_available():
         model = model.cuda()

@@ -110,13 +110,18 @@ TRAINING_RATIO = "measured on the training pairs"
 LENGTH_CONTROL = {"min_length_ratio": TRAINING_RATIO, "match_source_sentence_count": True}
 # Windowed decoding (docs/length.md): no input longer than the 4 joined sentences of the longest training examples.
 WINDOWS = {"window_sentences": 4}
+# After the rule: a cross-attention window at decode time (attention_windows.py), C = 24 source tokens on either
+# side of where target token i points (i / r, r measured on the training pairs: `runs.decoding_config`), about
+# two test sentences (12-13 tokens each) each way; the one width tried (docs/length.md).
+CROSS_WINDOW = {"cross_attention_window": 24, "cross_attention_window_ratio": TRAINING_RATIO}
 
 
 def length_option_rows(base: str) -> dict[str, Row]:
     """The length options on `base`+concat4: one row each (name suffix -> row), the combination of the
     training-time option that addresses where a translation is (sentence-aware positions) with the decode-time one
-    that addresses when it stops (length control), and windowed decoding, which keeps every input within the
-    training length."""
+    that addresses when it stops (length control), windowed decoding, which keeps every input within the training
+    length, and (after the rule) a cross-attention window that keeps each target token on its part of the
+    source."""
     positions = {**EXTRAPOLATION_POSITIONS}
     sites = ["encoder_self_attention", "decoder_self_attention", "cross_attention"]
     sentences = {**positions, "sentence_cross_attention_bias": True}, {**CONCAT4, "sentence_positions": True}
@@ -132,6 +137,9 @@ def length_option_rows(base: str) -> dict[str, Row]:
         ),
         "+windows4": Row(
             base, positions, CONCAT4, EXTRAPOLATION_K, Decoding(f"{base}+concat4", generate=WINDOWS)
+        ),
+        "+cross-window": Row(
+            base, positions, CONCAT4, EXTRAPOLATION_K, Decoding(f"{base}+concat4", config=CROSS_WINDOW)
         ),
     }
 
@@ -267,6 +275,14 @@ ABLATION_ROWS: dict[str, dict[str, Row | None]] = {
             )
             for kind in ("yarn4", "yarn4-frequencies")
         },
+        # After the rule: the cross-attention window on the RoPE base too (its two models are kept).
+        "rope+concat4+cross-window": Row(
+            "rope",
+            EXTRAPOLATION_POSITIONS,
+            CONCAT4,
+            EXTRAPOLATION_K,
+            Decoding("rope+concat4", config=CROSS_WINDOW),
+        ),
         # windowed decoding on the reference of the rule's k = 1 non-inferiority (docs/length.md)
         "sinusoidal+concat4+windows4": Row(
             "sinusoidal",

@@ -549,6 +549,13 @@ def test_a_decode_time_row_measures_the_trained_rows_model_its_own_way(tmp_path,
     assert settings["sentence_end_token_ids"] == sentence_end_token_ids(tokenizer) != []
     (written,) = translate(model, tokenizer, ["A man sleeps. A dog runs."], **settings)
     assert isinstance(written, str)  # the settings are ones generate accepts
+    windowed = tables.Decoding("sinusoidal", config=tables.CROSS_WINDOW)
+    monkeypatch.setitem(tables.DECODING, system.name, windowed)
+    config = runs.decoding_config(decode_run, model_folder)
+    assert config["cross_attention_window"] == 24 and 0.8 < config["cross_attention_window_ratio"] < 1.5
+    assert runs.decoding_config(runs.Run("multi30k-en-de-tiny", "en-de", "sinusoidal", 1), model_folder) == {}
+    (written,) = translate(*load_translation_model(model_folder, **config), ["A man sleeps. A dog runs."])
+    assert isinstance(written, str)  # the model loads and decodes with the window
 
 
 def test_no_report_trains_the_planned_runs_and_writes_no_report(tmp_path, monkeypatch, untouched, capsys):

@@ -78,6 +78,12 @@ LENGTH_CONTROL_REFUSALS = {
     WINDOW_SENTENCES: "CTranslate2 decodes each input whole: give it the windows of sentences as inputs of their "
     "own and join their translations",
 }
+# Why each attention window (attention_windows.py) is refused.
+WINDOW_REFUSALS = {
+    "attention_window": "CTranslate2's sliding window drops the oldest decoder keys, the start token among them, and "
+    "has no encoder window",
+    "cross_attention_window": "CTranslate2's cross-attention reads the whole source at every step",
+}
 # config.activation_function -> the name of CTranslate2's `common_spec.Activation` member computing the same
 # function (GELU: erf form; GELUTanh: the tanh approximation; SWISH: x * sigmoid(x)).
 ACTIVATIONS = {
@@ -159,6 +165,9 @@ def export_refusals(config) -> list[str]:
             f"log_length_scaling={list(config.log_length_scaling)} (length-aware attention): CTranslate2 scales "
             "attention logits by a constant, not by the log of each query's key count"
         )
+    for field, why in WINDOW_REFUSALS.items():
+        if getattr(config, field) is not None:
+            reasons.append(f"{field}={getattr(config, field)} (attention windows): {why}")
     if config.rope_scaling is not None:
         reasons.append(
             f"rope_scaling={config.rope_scaling} (RoPE scaling at inference): no CTranslate2 mapping is written for "

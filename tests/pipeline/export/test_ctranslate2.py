@@ -233,6 +233,9 @@ def test_every_module_is_exported_or_refused_naming_it_and_the_missing_ctranslat
         refused.append(f"sentence_end_token_ids={config.sentence_end_token_ids}".replace(" ", ""))
     if config.log_length_scaling:
         refused.append(f"log_length_scaling={list(config.log_length_scaling)}".replace(" ", ""))
+    for window in ("attention_window", "cross_attention_window"):
+        if getattr(config, window) is not None:
+            refused.append(f"{window}={getattr(config, window)}")
     if config.rope_scaling is not None:
         refused.append(f"rope_scaling={config.rope_scaling}".replace(" ", ""))
     assert [reason.split(" (")[0].replace(" ", "") for reason in reasons] == refused
