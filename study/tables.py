@@ -114,6 +114,8 @@ WINDOWS = {"window_sentences": 4}
 # side of where target token i points (i / r, r measured on the training pairs: `runs.decoding_config`), about
 # two test sentences (12-13 tokens each) each way; the one width tried (docs/length.md).
 CROSS_WINDOW = {"cross_attention_window": 24, "cross_attention_window_ratio": TRAINING_RATIO}
+# After those rows: C = 12, the best of 12, 24 and 48 at k = 8 on the validation split (kerple+concat4 seed 2).
+NARROW_CROSS_WINDOW = {**CROSS_WINDOW, "cross_attention_window": 12}
 
 
 def length_option_rows(base: str) -> dict[str, Row]:
@@ -140,6 +142,9 @@ def length_option_rows(base: str) -> dict[str, Row]:
         ),
         "+cross-window": Row(
             base, positions, CONCAT4, EXTRAPOLATION_K, Decoding(f"{base}+concat4", config=CROSS_WINDOW)
+        ),
+        "+cross-window12": Row(
+            base, positions, CONCAT4, EXTRAPOLATION_K, Decoding(f"{base}+concat4", config=NARROW_CROSS_WINDOW)
         ),
     }
 
