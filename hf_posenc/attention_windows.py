@@ -35,7 +35,6 @@ import torch
 
 from .base import CROSS_ATTENTION, DECODER_SELF_ATTENTION, ENCODER_SELF_ATTENTION, positions_from_padding_mask
 
-WINDOW_FIELDS = ("attention_window", "cross_attention_window", "cross_attention_window_ratio")
 CONTENT_ATTENTION = "attention"
 
 

@@ -112,7 +112,7 @@ LENGTH_CONTROL = {"min_length_ratio": TRAINING_RATIO, "match_source_sentence_cou
 WINDOWS = {"window_sentences": 4}
 # After the rule: a cross-attention window at decode time (attention_windows.py), C = 24 source tokens on either
 # side of where target token i points (i / r, r measured on the training pairs: `runs.decoding_config`), about
-# two test sentences (12-13 tokens each) each way; the one width tried (docs/length.md).
+# two test sentences (12-13 tokens each) each way, fixed before its first run (docs/length.md).
 CROSS_WINDOW = {"cross_attention_window": 24, "cross_attention_window_ratio": TRAINING_RATIO}
 # After those rows: C = 12, the best of 12, 24 and 48 at k = 8 on the validation split (kerple+concat4 seed 2).
 NARROW_CROSS_WINDOW = {**CROSS_WINDOW, "cross_attention_window": 12}
