@@ -35,12 +35,11 @@ import torch
 
 from .base import CROSS_ATTENTION, DECODER_SELF_ATTENTION, ENCODER_SELF_ATTENTION, positions_from_padding_mask
 
-CONTENT_ATTENTION = "attention"
 
-
-def check_attention_windows(config) -> None:
-    """W and C positive integers or None, r a positive number used only with C, and content attention at every site
-    a window restricts (the position-only mixers build their own weights and windows)."""
+def check_attention_windows(config, token_mixers: dict) -> None:
+    """W and C positive integers or None, r a positive number used only with C, and at every site a window
+    restricts a mixer that honours its mask (`supports_attention_windows`; the position-only mixers build their own
+    weights and windows)."""
     for name in ("attention_window", "cross_attention_window"):
         value = getattr(config, name)
         if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
@@ -62,13 +61,14 @@ def check_attention_windows(config) -> None:
         )
     sites = [ENCODER_SELF_ATTENTION, DECODER_SELF_ATTENTION] if config.attention_window is not None else []
     sites += [CROSS_ATTENTION] if config.cross_attention_window is not None else []
+    allowed = [name for name, cls in token_mixers.items() if cls.supports_attention_windows]
     for site in sites:
-        if getattr(config, site) != CONTENT_ATTENTION:
+        if not token_mixers[getattr(config, site)].supports_attention_windows:
             field = "cross_attention_window" if site == CROSS_ATTENTION else "attention_window"
             raise ValueError(
                 f"{field}={getattr(config, field)} restricts the attention at {site}, but {site}="
-                f"{getattr(config, site)!r}: a window masks content-attention scores, so that site must use "
-                f"{site}={CONTENT_ATTENTION!r}."
+                f"{getattr(config, site)!r} builds its weights without that mask; allowed there: "
+                f"{', '.join(allowed)}."
             )
 
 

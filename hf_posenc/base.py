@@ -403,6 +403,9 @@ class TokenMixer(DescribedModule, nn.Module):
     #: context's order, not its positions) and a sentence bias folded into the cross-attention mask
     #: (`sentence_end_token_ids`, `sentence_cross_attention_bias`); the config refuses the others there.
     supports_sentence_positions = False
+    #: True for mixers whose weights honour every key the mask they receive excludes, so that the attention
+    #: windows (`attention_window`, `cross_attention_window`; attention_windows.py) hold at their sites.
+    supports_attention_windows = False
 
     def __init__(self, config, site: str, layer_idx: int):
         super().__init__()

@@ -399,7 +399,7 @@ class MarianPosEncConfig(MarianConfig, ModuleHyperparameters):
         and the modules each one needs. The RoPE scaling dictionary itself is checked by the `rope` encoding's
         `check_config`."""
         self.check_randomized_positions()
-        check_attention_windows(self)
+        check_attention_windows(self, TOKEN_MIXERS)
         for site in self.log_length_scaling:
             check_choice("log_length_scaling", site, ATTENTION_SITES)
             if getattr(self, site) != CONTENT_ATTENTION:

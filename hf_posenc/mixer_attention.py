@@ -97,6 +97,8 @@ class ContentAttention(TokenMixer):
     }
     # Causality comes from the mask or the context's order, and the cross-attention mask may carry a bias.
     supports_sentence_positions = True
+    # Scores outside the mask are dropped whatever the encoding adds (attention windows).
+    supports_attention_windows = True
 
     def __init__(self, config, site, layer_idx):
         super().__init__(config, site, layer_idx)
