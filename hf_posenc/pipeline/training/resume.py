@@ -72,7 +72,12 @@ def run_settings(args: Arguments, model) -> dict:
         "start": {"model_name_or_path": args.model.model_name_or_path},
         "model": config,
     }
-    return json.loads(json.dumps(settings, default=lambda value: getattr(value, "value", str(value))))
+    return plain(settings)
+
+
+def plain(value):
+    """`value` as JSON reads it back (enums by their value, anything else unknown as its text)."""
+    return json.loads(json.dumps(value, default=lambda item: getattr(item, "value", str(item))))
 
 
 def check_resume_settings(args: Arguments, model, resume: str | None) -> None:
@@ -84,6 +89,10 @@ def check_resume_settings(args: Arguments, model, resume: str | None) -> None:
     settings = run_settings(args, model)
     if resume is not None:
         saved, origin, complete = saved_settings(Path(resume), type(model.config))
+        if complete:  # a config field added after the run was recorded: that run had its default
+            defaults = plain(type(model.config)().to_dict())
+            missing = settings["model"].keys() - saved["model"].keys()
+            saved["model"] |= {name: defaults[name] for name in missing if name in defaults}
         differing = [
             f"{name}={settings[group].get(name)!r} (the run resumed: {saved[group].get(name)!r})"
             for group in saved

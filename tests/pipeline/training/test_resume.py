@@ -177,3 +177,30 @@ def test_resuming_warns_of_neither_the_tied_embeddings_nor_a_deprecated_config_k
     assert [message for message in warned if "missing keys" in message] == [
         "There were missing keys in the checkpoint model loaded: ['model.shared.weight']."
     ]
+
+
+def test_a_config_field_added_after_the_run_was_recorded_counts_as_its_default(tmp_path, tiny_run_flags):
+    """A run recorded before the config gained a field ran with that field's default: resuming it with the
+    default continues; with another value it is refused, naming the default as the value of the run resumed."""
+    flags = [
+        *tiny_job_flags(tiny_run_flags, tmp_path),
+        "--save_strategy",
+        "steps",
+        "--save_steps",
+        "1",
+    ]
+    run.main([*flags, "--max_steps", "1"])
+    record = tmp_path / "run-checkpoints" / resume.SETTINGS_FILE
+    settings = json.loads(record.read_text())
+    for name, default in (("cross_attention_window", None), ("cross_attention_window_ratio", 1.0)):
+        assert settings["model"].pop(name) == default  # the record of a run older than these fields
+    record.write_text(json.dumps(settings))
+    again = [*flags, "--max_steps", "2", "--resume_from_checkpoint", "last"]
+    window = '{"cross_attention_window": 8, "cross_attention_window_ratio": 1.5}'
+    with pytest.raises(
+        ValueError,
+        match=r"cross_attention_window=8 \(the run resumed: None\); "
+        r"cross_attention_window_ratio=1\.5 \(the run resumed: 1\.0\)",
+    ):
+        run.main([*again, "--config_overrides", window])
+    assert run.main(again)["steps"] == 2
