@@ -297,14 +297,15 @@ def decoding_config(run: Run, models: Path) -> dict:
     return config
 
 
-def decoded_test_set(run: Run, models: Path, results: Path, test, bf16: bool) -> None:
+def decoded_test_set(run: Run, models: Path, results: Path, test, bf16: bool, decoder) -> None:
     """A decode-time row's own test translations and scores: the trained row's scores.json with BLEU, chrF++ and
-    their signatures from this row's decoding, and the decoding recorded."""
-    decoding = DECODING[run.system]
-    model, tokenizer = load_translation_model(models, **decoding_config(run, models))
-    hypotheses = translate(model, tokenizer, test.source, bf16=bf16, **generate_settings(run, tokenizer))
+    their signatures from this row's decoding, and the decoding recorded: as the row names it (`decoding`) and
+    with the values it measured (`decoded_with`: the config fields and generation settings it decoded with)."""
+    model, tokenizer, decoded_with = decoder
+    hypotheses = translate(model, tokenizer, test.source, bf16=bf16, **decoded_with["generate"])
     scores = json.loads((models / "scores.json").read_text())
-    scores.update(score_translations(hypotheses, test.target), decoding=vars(decoding))
+    scores.update(score_translations(hypotheses, test.target), decoding=vars(DECODING[run.system]))
+    scores["decoded_with"] = decoded_with
     (results / "scores.json").write_text(json.dumps(scores, indent=2) + "\n")
     text = "".join(f"{line}\n" for line in hypotheses).encode()
     (results / f"test.hyp.{run.target_lang}.gz").write_bytes(gzip.compress(text, mtime=0))
@@ -316,12 +317,16 @@ def measure(run: Run, models: Path, results: Path, args) -> None:
     test = test_set(run.recipe, run.pair, args.test_limit)
     bf16 = args.run_precision == "bf16"
     decoding = DECODING.get(run.system)
-    model, tokenizer = load_translation_model(models, **decoding_config(run, models))
+    config = decoding_config(run, models)
+    model, tokenizer = load_translation_model(models, **config)
+    if torch.cuda.is_available():
+        model = model.cuda()
+    decoder = (model, tokenizer, {"config": config, "generate": generate_settings(run, tokenizer)})
     sources = test.source[: args.probe_sentences]
     probes = word_order_probe(
         model, tokenizer, sources, num_permutations=2, num_beams=1, max_new_tokens=64, bf16=bf16
     )
-    length, joined = length_harness(models, test, run_settings(run, args)["length_k"], bf16, run)
+    length, joined = length_harness(decoder, test, run_settings(run, args)["length_k"], bf16)
     results.mkdir(parents=True, exist_ok=True)
     probe = {"sentences": args.probe_sentences, **{p.kind: vars(p) for p in probes}}
     (results / "word_order_probe.json").write_text(json.dumps(probe, indent=2) + "\n")
@@ -336,22 +341,18 @@ def measure(run: Run, models: Path, results: Path, args) -> None:
         hypotheses = (models / f"test.hyp.{run.target_lang}").read_bytes()
         (results / f"test.hyp.{run.target_lang}.gz").write_bytes(gzip.compress(hypotheses, mtime=0))
     else:
-        decoded_test_set(run, models, results, test, bf16)
+        decoded_test_set(run, models, results, test, bf16, decoder)
     (results / SETTINGS).write_text(json.dumps(run_settings(run, args), indent=2) + "\n")
 
 
-def length_harness(
-    models: Path, test, k: list[int], bf16: bool, run: Run
-) -> tuple[dict, dict[int, list[str]]]:
+def length_harness(decoder, test, k: list[int], bf16: bool) -> tuple[dict, dict[int, list[str]]]:
     """The length harness (`analysis.length_generalisation`, as its `length_generalisation_for_model_dir` runs
     it, with the same settings record) on the trained model, and what the model wrote for the inputs of every
     k > 1 joined sentences: the harness keeps only their scores, and the translations are what shows how a model
     fails there (one sentence written for four). A k whose inputs need more positions than the model holds has
-    no translations. A decode-time row (`run`'s system) loads and decodes the model its way."""
-    model, tokenizer = load_translation_model(models, **decoding_config(run, models))
-    generate = generate_settings(run, tokenizer)
-    if torch.cuda.is_available():
-        model = model.cuda()
+    no translations. `decoder`: the model, its tokenizer and the row's decoding (a decode-time row's its own)."""
+    model, tokenizer, decoded_with = decoder
+    generate = decoded_with["generate"]
     inputs = {tuple(join_consecutive(test.source, test.target, size)[0]): size for size in k if size > 1}
     written: dict[int, list[str]] = {}
 

@@ -534,6 +534,7 @@ def test_a_decode_time_row_measures_the_trained_rows_model_its_own_way(tmp_path,
     trained = json.loads((root / "sinusoidal" / "seed1" / "scores.json").read_text())
     decoded = json.loads((root / system.name / "seed1" / "scores.json").read_text())
     assert "decoding" not in trained and decoded["decoding"]["generate"] == greedy.generate
+    assert decoded["decoded_with"] == {"config": {}, "generate": greedy.generate}
     assert decoded["steps"] == trained["steps"] == 2  # the trained row's model, not a training of its own
     settings = json.loads((root / system.name / "seed1" / "settings.json").read_text())
     assert settings["decoding"]["trained_as"] == "sinusoidal" and runs.done(decode_run, args)
@@ -556,6 +557,16 @@ def test_a_decode_time_row_measures_the_trained_rows_model_its_own_way(tmp_path,
     assert runs.decoding_config(runs.Run("multi30k-en-de-tiny", "en-de", "sinusoidal", 1), model_folder) == {}
     (written,) = translate(*load_translation_model(model_folder, **config), ["A man sleeps. A dog runs."])
     assert isinstance(written, str)  # the model loads and decodes with the window
+    both = tables.Decoding("sinusoidal", generate=tables.LENGTH_CONTROL, config=tables.CROSS_WINDOW)
+    monkeypatch.setitem(tables.DECODING, system.name, both)
+    shutil.rmtree(root / system.name)
+    runs.execute(decode_run, args)
+    decoded = json.loads((root / system.name / "seed1" / "scores.json").read_text())
+    assert decoded["decoding"]["config"]["cross_attention_window_ratio"] == tables.TRAINING_RATIO
+    assert decoded["decoded_with"] == {
+        "config": config,
+        "generate": settings,
+    }  # the values measured, recorded
 
 
 def test_no_report_trains_the_planned_runs_and_writes_no_report(tmp_path, monkeypatch, untouched, capsys):

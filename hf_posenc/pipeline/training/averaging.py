@@ -19,7 +19,7 @@ from pathlib import Path
 import safetensors
 import torch
 from safetensors import safe_open
-from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
+from transformers import AutoConfig, AutoModelForSeq2SeqLM, AutoTokenizer
 
 from ..cli import check_number
 
@@ -89,10 +89,17 @@ RUN_SPECIFIC_CONFIG_KEYS = {"_name_or_path", "transformers_version", "dtype", "t
 
 
 def checkpoint_config(checkpoint: Path) -> dict:
+    """A checkpoint's config.json, with the defaults of its model type's config class for the fields it lacks
+    (a checkpoint saved before the class gained a field ran with the field's default)."""
     path = checkpoint / "config.json"
     if not path.is_file():
         raise FileNotFoundError(f"{path} is missing: {checkpoint} is not a complete model checkpoint")
-    return {k: v for k, v in read_json(path).items() if k not in RUN_SPECIFIC_CONFIG_KEYS}
+    saved = read_json(path)
+    try:
+        defaults = json.loads(AutoConfig.for_model(saved.get("model_type")).to_json_string(use_diff=False))
+    except ValueError:  # a model type this process does not know: its config as saved
+        defaults = {}
+    return {k: v for k, v in (defaults | saved).items() if k not in RUN_SPECIFIC_CONFIG_KEYS}
 
 
 # The files a saved tokenizer consists of (fast and slow tokenizers, BPE, WordPiece, SentencePiece, Marian's spm).

@@ -37,6 +37,22 @@ def test_averaging_refuses_checkpoints_of_different_models_and_zero_checkpoints(
         select_checkpoints(tmp_path / "a", last=0)
 
 
+def test_a_checkpoint_saved_before_a_config_field_existed_has_its_default(tmp_path, tiny_model):
+    """A run's first checkpoints may predate a config field that its later ones save: the field's default is
+    what those ran with, so they average; a value other than the default is another model."""
+    for step in (1, 2):
+        save_checkpoint(tiny_model, tmp_path / "a", step)
+    older = tmp_path / "a" / "checkpoint-1" / "config.json"
+    config = json.loads(older.read_text())
+    assert config.pop("cross_attention_window_ratio") == 1.0
+    older.write_text(json.dumps(config))
+    assert average_state_dicts(select_checkpoints(tmp_path / "a", last=2))
+    newer = tmp_path / "a" / "checkpoint-2" / "config.json"
+    newer.write_text(json.dumps({**json.loads(newer.read_text()), "cross_attention_window_ratio": 1.5}))
+    with pytest.raises(ValueError, match=r"cross_attention_window_ratio=1\.0 vs 1\.5"):
+        average_state_dicts(select_checkpoints(tmp_path / "a", last=2))
+
+
 @pytest.mark.parametrize("damaged", ["config.json", "trainer_state.json", "tokenizer_config.json"])
 def test_a_damaged_json_file_of_a_checkpoint_is_named(damaged, tmp_path, tiny_model):
     """Before: json's own message ("Expecting value: line 1 column 1"), naming no file."""
