@@ -3,17 +3,21 @@ report (`Results`): the runs made with the report's settings, their scores, tran
 compare two systems.
 """
 
+import hashlib
 import json
 import logging
 import math
+import os
 import statistics
 from collections import Counter
 from functools import cached_property
 from pathlib import Path
 
 import numpy as np
+import sacrebleu
 
 from hf_posenc.configuration_marian_posenc import MarianPosEncConfig
+from hf_posenc.pipeline.data.cache import default_cache_dir
 from hf_posenc.pipeline.data.files import read_lines
 from hf_posenc.pipeline.evaluation.scoring import degenerate_output, paired_bootstrap
 from hf_posenc.pipeline.training.arguments import load_recipe
@@ -179,6 +183,35 @@ def precisions(scores: dict) -> str:
     return f"trained in {trained}, decoded in {scores['precision']}"
 
 
+def kept_paired_bootstrap(
+    baseline: list[str], system: list[str], references: list[str], samples: int
+) -> dict:
+    """`paired_bootstrap`, kept on disk under the data cache folder (`paired-bootstrap/`): sacreBLEU seeds its
+    resampling ($SACREBLEU_SEED, 12345 unset), so the same texts, samples, seed and versions of sacreBLEU and
+    numpy give the same result, and a report rebuilt after a few new runs computes only theirs. An unseeded
+    resampling is not kept; an unreadable entry is computed again; a cache that cannot be written is warned of."""
+    seed = os.environ.get("SACREBLEU_SEED", "12345")
+    if seed.lower() == "none":
+        return paired_bootstrap(baseline, system, references, samples)
+    key = json.dumps([baseline, system, references, samples, seed, sacrebleu.__version__, np.__version__])
+    path = default_cache_dir() / "paired-bootstrap" / f"{hashlib.sha256(key.encode()).hexdigest()}.json"
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        pass
+    result = paired_bootstrap(baseline, system, references, samples)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        staged = path.with_suffix(f".{os.getpid()}.partial")
+        staged.write_text(json.dumps(result))
+        staged.replace(path)
+    except OSError as error:
+        logger.warning(
+            "the paired bootstrap cannot be kept in %s (%s): it is computed again next time", path, error
+        )
+    return result
+
+
 class Results:
     """The finished runs of one recipe in the results folder, read for a report: every pair of `--pairs` or with a
     finished run there, every seed of `--seeds` or finished there (a chunk that trains some seeds or pairs
@@ -237,7 +270,7 @@ class Results:
     def bootstrap(self, run: Run, reference: Run, references: list[str]) -> dict:
         """Paired bootstrap of `run` against `reference` (same seed), once per pair of runs."""
         if (run, reference) not in self.bootstraps:
-            self.bootstraps[run, reference] = paired_bootstrap(
+            self.bootstraps[run, reference] = kept_paired_bootstrap(
                 self.hypotheses(reference), self.hypotheses(run), references, self.args.bootstrap_samples
             )
         return self.bootstraps[run, reference]

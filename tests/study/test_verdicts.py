@@ -13,7 +13,7 @@ from sacrebleu.metrics import BLEU
 
 from hf_posenc.pipeline.evaluation import scoring
 from hf_posenc.pipeline.training.hardware import Hardware
-from study import bootstrap, claims, cli, report, runs, verdicts
+from study import bootstrap, claims, cli, report, results, runs, verdicts
 from study.claims import MARGIN, Interval, claim_verdict, interval_verdict
 
 SIGNIFICANT = {"bleu": {"significance": "**", "p_value": 0.001}}
@@ -247,3 +247,46 @@ def test_the_median_seed_noise_leaves_the_baseline_out(tmp_path):
     assert np.median(list(others.values())) == pytest.approx(0.5657, abs=1e-4)  # none's, the middle one
     section = "\n".join(verdicts.protocol_section(report.Report(args)))
     assert "en-de: `sinusoidal` 0.07, the median of the other 3 main-table systems 0.566" in section
+
+
+def test_a_paired_bootstrap_is_kept_and_reused_only_for_the_same_texts_and_seed(
+    tmp_path, monkeypatch, caplog
+):
+    """A report rebuild recomputes only the new runs' bootstraps: a kept result is the computed one, read back for
+    the same texts, samples and seed; other texts, an unseeded resampling or a damaged entry are computed."""
+    monkeypatch.setenv("HF_POSENC_CACHE", str(tmp_path / "cache"))
+    monkeypatch.delenv("SACREBLEU_SEED", raising=False)
+    references = ["a man sleeps on a bench .", "two dogs run in the park .", "a child eats an apple ."]
+    baseline = ["a man sleeps .", "two dogs run .", "a child eats ."]
+    system = ["a man sleeps on a bench .", "two dogs run in a park .", "a child eats ."]
+    computed = []
+
+    def counting(*args):
+        computed.append(args)
+        return scoring.paired_bootstrap(*args)
+
+    monkeypatch.setattr(results, "paired_bootstrap", counting)
+    first = results.kept_paired_bootstrap(baseline, system, references, 50)
+    assert first == scoring.paired_bootstrap(baseline, system, references, 50) and len(computed) == 1
+    assert results.kept_paired_bootstrap(baseline, system, references, 50) == first and len(computed) == 1
+    results.kept_paired_bootstrap(baseline, system[::-1], references, 50)
+    results.kept_paired_bootstrap(baseline, system, references, 60)
+    assert len(computed) == 3
+    (entry,) = [
+        path
+        for path in (tmp_path / "cache" / "paired-bootstrap").iterdir()
+        if path.read_text() == json.dumps(first)
+    ]
+    entry.write_text('{"bleu": ')  # cut off
+    assert results.kept_paired_bootstrap(baseline, system, references, 50) == first and len(computed) == 4
+    monkeypatch.setenv("SACREBLEU_SEED", "None")
+    results.kept_paired_bootstrap(baseline, system, references, 50)
+    results.kept_paired_bootstrap(baseline, system, references, 50)
+    assert len(computed) == 6 and len(list((tmp_path / "cache" / "paired-bootstrap").iterdir())) == 3
+    monkeypatch.setenv("SACREBLEU_SEED", "12345")
+    monkeypatch.setenv("HF_POSENC_CACHE", str(entry))  # a file: nothing can be kept under it
+    assert (
+        results.kept_paired_bootstrap(baseline, system, references, 40)["bleu"]["system"]
+        == first["bleu"]["system"]
+    )
+    assert "the paired bootstrap cannot be kept" in caplog.text
