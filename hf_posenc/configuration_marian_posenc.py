@@ -21,6 +21,7 @@ from transformers.utils import logging
 
 from .attention_windows import check_attention_windows
 from .base import ATTENTION_SITES, CROSS_ATTENTION, STACKS, Hyperparameter
+from .position_randomization import RANDOMIZED_INFERENCE
 from .registry import POSITION_ENCODINGS, TOKEN_MIXERS
 from .sentence_positions import check_sentence_config
 
@@ -151,8 +152,12 @@ class MarianPosEncConfig(MarianConfig, ModuleHyperparameters):
         tables must then hold the longest training sequence plus shape_max_shift positions.
     randomized_positions_max (`int`, defaults to 0 = off): L of randomized positional encodings (Ruoss et al.
         2023). In training, a sequence of n tokens takes n sorted distinct positions drawn uniformly from
-        0..L-1 instead of 0..n-1, independently per sequence and per stack; never at inference. Bounded position
-        tables must hold L positions; excludes `shape_max_shift` and the `shaw` encoding (docs/length.md).
+        0..L-1 instead of 0..n-1, independently per sequence and per stack. Bounded position tables must hold L
+        positions; excludes `shape_max_shift` and the `shaw` encoding (docs/length.md).
+    randomized_positions_inference (`str`, defaults to `"plain"`): the positions of a model trained with
+        randomized positions at inference: `"plain"` 0..n-1, `"spread"` the expected positions of the training
+        draw, p_i = floor((i + 1)(L + 1) / (n + 1)) - 1 (position_randomization.py Eq. 1); only with
+        `randomized_positions_max`.
     log_length_scaling (`list[str]`, defaults to none): the attention sites (`encoder_self_attention`,
         `decoder_self_attention`, `cross_attention`) whose content-attention logits are multiplied by log n, n
         the number of keys the query may attend to (Chiang & Cholak 2022). Each named site must use the
@@ -228,6 +233,7 @@ class MarianPosEncConfig(MarianConfig, ModuleHyperparameters):
     sentence_cross_attention_bias: bool = False
     sentence_cross_attention_max_distance: int = 3
     randomized_positions_max: int = 0
+    randomized_positions_inference: str = "plain"
     log_length_scaling: list[str] | tuple[str, ...] = ()
     attention_window: int | None = None
     cross_attention_window: int | None = None
@@ -427,12 +433,22 @@ class MarianPosEncConfig(MarianConfig, ModuleHyperparameters):
         """L = `randomized_positions_max` >= 0; with L > 0: no SHAPE, no Shaw (its distances are token indices,
         not positions), and every bounded position table of a stack (its encoding, its self-attention mixer)
         holds L positions."""
-        draws = self.randomized_positions_max
+        draws, inference = self.randomized_positions_max, self.randomized_positions_inference
         if draws < 0:
             raise ValueError(
                 f"randomized_positions_max={draws} must be >= 0 (0 turns randomized positions off)."
             )
+        if inference not in RANDOMIZED_INFERENCE:
+            raise ValueError(
+                f"randomized_positions_inference={inference!r} is not allowed: one of "
+                f"{', '.join(map(repr, RANDOMIZED_INFERENCE))}."
+            )
         if not draws:
+            if inference != "plain":
+                raise ValueError(
+                    f"randomized_positions_inference={inference!r} would do nothing: it places the positions of a "
+                    "model trained with randomized positions, which randomized_positions_max turns on."
+                )
             return
         if self.shape_max_shift:
             raise ValueError(

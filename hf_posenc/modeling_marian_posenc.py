@@ -239,6 +239,7 @@ class MarianPosEncEncoder(MarianPosEncStack):
 
         length = inputs_embeds.shape[1]
         position_ids = positions_from_padding_mask(attention_mask, length, inputs_embeds.device)  # (B|1, L)
+        order = position_ids  # the tokens' order, which the attention window reads, whatever the positions
         # Without a mask the positions are 0..L-1; with one, their span is read once per encoder forward.
         span = (0, length - 1) if attention_mask is None else None
         sentences = None
@@ -262,7 +263,7 @@ class MarianPosEncEncoder(MarianPosEncStack):
         mask = create_bidirectional_mask(
             config=self.config, inputs_embeds=inputs_embeds, attention_mask=attention_mask
         )
-        mask = encoder_window_mask(mask, position_ids, self.config.attention_window)
+        mask = encoder_window_mask(mask, order, self.config.attention_window)
         score_mask = stack_score_mask(self.position_encoding, mask, context, is_causal=False)
         hidden_states, all_hidden_states, (all_attentions,) = self.run_layers(
             hidden_states, (mask, score_mask, context), output_attentions, output_hidden_states
@@ -391,7 +392,14 @@ class MarianPosEncDecoder(MarianPosEncStack):
             cross_mask = self.sentence_cross_mask(
                 cross_mask, sentences, encoder_sentence_indices, cross_context, inputs_embeds.dtype
             )
-        self_context = self.randomized_context(self_context, key_positions, batch_size, past_length)
+        self_context = self.randomized_context(
+            self_context,
+            key_positions,
+            batch_size,
+            past_length,
+            encoder_attention_mask,
+            encoder_hidden_states.shape[1],
+        )
         score_mask = stack_score_mask(self.position_encoding, causal_mask, self_context, is_causal=True)
         hidden_states = self.position_encoding.embed(inputs_embeds, self_context, None, past_key_values)
         hidden_states = self.embed_sentences(hidden_states, sentences, past_length + query_length - 1)

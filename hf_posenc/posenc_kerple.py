@@ -58,7 +58,12 @@ class KerplePositionEncoding(PositionEncoding):
             choices=("log", "power"),
         ),
     }
-    variants = {"power": {"kerple_kernel": "power"}}
+    # With randomized positions decoded at the training draw's expected positions (position_randomization.py
+    # Eq. 1), which continue past L - 1 for a target longer than its source: no table bounds KERPLE's.
+    variants = {
+        "power": {"kerple_kernel": "power"},
+        "randomized-spread": {"randomized_positions_max": 64, "randomized_positions_inference": "spread"},
+    }
     score_bias_shared_by_layers = True
 
     def __init__(self, config, stack):

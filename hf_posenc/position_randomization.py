@@ -7,14 +7,23 @@ model trained on short sequences meets, in training, the positions of longer one
   Generalization of Transformers", §3): the n tokens of a sequence take n sorted distinct positions drawn from
   {0, ..., L - 1}, L = `config.randomized_positions_max`.
 
-Both act in training only; at inference the positions are the plain ones. The stacks compute positions once per
-forward (modeling_marian_posenc.py) and call these methods there; `shape_offsets` states where it deviates from
-the SHAPE authors' code.
+Both act in training; at inference SHAPE's positions are the plain ones, and randomized positions are the plain
+ones or, with `config.randomized_positions_inference = "spread"`, the expected positions of the training draw:
+
+    p_i = ⌊(i + 1)(L + 1) / (n + 1)⌋ − 1,   i = 0, ..., n − 1                                    (1)
+
+the mean of the (i + 1)-th smallest of n distinct positions drawn uniformly from {0, ..., L − 1}, rounded down,
+n the source's real tokens, in the encoder; the decoder's token t takes p_t of Eq. 1 with its source's n (the
+target continues at the source's rate, past L − 1 when it is longer than its source). The stacks compute
+positions once per forward (modeling_marian_posenc.py) and call these methods there; `shape_offsets` states
+where it deviates from the SHAPE authors' code.
 """
 
 import torch
 
-from .base import PosEncCache, PositionContext
+from .base import PosEncCache, PositionContext, PositionLimitError
+
+RANDOMIZED_INFERENCE = ("plain", "spread")  # `config.randomized_positions_inference`
 
 SHAPE_OFFSETS = "shape_offsets"  # the decoder's SHAPE offsets in `PosEncCache.extra_state`, (B, 1)
 
@@ -42,7 +51,9 @@ class PositionRandomizationMixin:
     def randomized_positions(self, positions: torch.Tensor, batch_size: int, past_length: int = 0):
         """Randomized positional encodings (Ruoss et al. 2023, §3): in training, the n tokens of a sequence take
         n sorted distinct positions drawn uniformly from {0, ..., L - 1}, L = `config.randomized_positions_max`,
-        instead of 0..n-1; None at inference or with L = 0. `positions` (B|1, T) are the plain ones.
+        instead of 0..n-1; at inference those of Eq. 1 when `randomized_positions_inference` is "spread"
+        (`spread_positions`, the encoder's call), else None, as with L = 0. `positions` (B|1, T) are the plain
+        ones.
 
         Every sequence draws its own subset, and each stack draws for itself (called once per forward, like
         `shape_offsets`). A row's n is its largest plain position + 1: a padded source's real tokens; the
@@ -52,6 +63,8 @@ class PositionRandomizationMixin:
         position of the real token its plain position names. Returns (B, T).
         """
         draws = self.config.randomized_positions_max
+        if draws and not self.training and self.config.randomized_positions_inference == "spread":
+            return spread_positions(positions, positions.amax(dim=-1, keepdim=True) + 1, draws)
         if not (self.training and draws):
             return None
         length = positions.shape[-1]
@@ -79,12 +92,31 @@ class PositionRandomizationMixin:
         return key_positions + offsets, offsets
 
     def randomized_context(
-        self, context, key_positions, batch_size: int, past_length: int
+        self, context, key_positions, batch_size: int, past_length: int, source_mask, source_length: int
     ) -> PositionContext:
-        """The self-attention context with randomized positions in training (embeddings and self-attention;
-        cross-attention keeps plain positions), else `context`."""
+        """The self-attention context with randomized positions in training, or at inference with "spread" those
+        of Eq. 1 at the rate of each row's source (`source_mask` (B, S) or None: every source S tokens long;
+        spans read off the positions, a device sync per step); else `context`. Embeddings and self-attention
+        take them; cross-attention keeps plain positions."""
+        draws = self.config.randomized_positions_max
+        if draws and not self.training and self.config.randomized_positions_inference == "spread":
+            sources = (
+                source_mask.sum(-1, keepdim=True) if source_mask is not None else source_length
+            )  # (B, 1)
+            spread = spread_positions(key_positions, sources, draws, source=False)  # (B|1, k)
+            return PositionContext(self.position_encoding, spread[:, past_length:], spread)
         randomized = self.randomized_positions(key_positions, batch_size, past_length)
         if randomized is None:
             return context
-        span = (0, self.config.randomized_positions_max - 1)
+        span = (0, draws - 1)
         return PositionContext(self.position_encoding, randomized, randomized, span, span)
+
+
+def spread_positions(positions: torch.Tensor, lengths, draws: int, source: bool = True) -> torch.Tensor:
+    """Eq. 1: the expected positions of the training draw for plain `positions` (B|1, T) of sequences of
+    `lengths` real tokens ((B|1, 1) tensor, or an int), L = `draws`. A source longer than L, which training's
+    draws could not hold, raises `PositionLimitError` naming `randomized_positions_max`; a target (`source`
+    False) continues past L - 1 at its source's rate. Returns (B|1, T)."""
+    if source and (longest := int(lengths.max())) > draws:
+        raise PositionLimitError(longest, draws, "randomized positions", "randomized_positions_max")
+    return torch.div((positions + 1) * (draws + 1), lengths + 1, rounding_mode="floor") - 1  # (B|1, T)

@@ -116,6 +116,9 @@ WINDOWS = {"window_sentences": 4}
 CROSS_WINDOW = {"cross_attention_window": 24, "cross_attention_window_ratio": TRAINING_RATIO}
 # After those rows: C = 12, the best of 12, 24 and 48 at k = 8 on the validation split (kerple+concat4 seed 2).
 NARROW_CROSS_WINDOW = {**CROSS_WINDOW, "cross_attention_window": 12}
+# After the rule: a model trained with randomized positions decoded at the training draw's expected positions
+# (position_randomization.py Eq. 1) instead of 0..n-1, whose neighbour gaps of 1 training never showed.
+SPREAD = {"randomized_positions_inference": "spread"}
 
 
 def length_option_rows(base: str) -> dict[str, Row]:
@@ -123,12 +126,13 @@ def length_option_rows(base: str) -> dict[str, Row]:
     training-time option that addresses where a translation is (sentence-aware positions) with the decode-time one
     that addresses when it stops (length control), windowed decoding, which keeps every input within the training
     length, and (after the rule) a cross-attention window that keeps each target token on its part of the
-    source."""
+    source, and the randomized-position models decoded at the expected positions of their training draw."""
     positions = {**EXTRAPOLATION_POSITIONS}
     sites = ["encoder_self_attention", "decoder_self_attention", "cross_attention"]
     sentences = {**positions, "sentence_cross_attention_bias": True}, {**CONCAT4, "sentence_positions": True}
+    randomized = {**positions, "randomized_positions_max": 512}
     return {
-        "+randomized": Row(base, {**positions, "randomized_positions_max": 512}, CONCAT4, EXTRAPOLATION_K),
+        "+randomized": Row(base, randomized, CONCAT4, EXTRAPOLATION_K),
         "+log-length": Row(base, {**positions, "log_length_scaling": sites}, CONCAT4, EXTRAPOLATION_K),
         "+sentences": Row(base, *sentences, EXTRAPOLATION_K),
         "+length-control": Row(
@@ -145,6 +149,9 @@ def length_option_rows(base: str) -> dict[str, Row]:
         ),
         "+cross-window12": Row(
             base, positions, CONCAT4, EXTRAPOLATION_K, Decoding(f"{base}+concat4", config=NARROW_CROSS_WINDOW)
+        ),
+        "+randomized+spread": Row(
+            base, randomized, CONCAT4, EXTRAPOLATION_K, Decoding(f"{base}+concat4+randomized", config=SPREAD)
         ),
     }
 

@@ -20,19 +20,27 @@ def weights(model, source, mask, target):
     return output.encoder_attentions[0], output.decoder_attentions[0], output.cross_attentions[0]
 
 
-def test_attention_weights_are_zero_exactly_outside_the_windows(tiny_config, source_batch, target_batch):
+@pytest.mark.parametrize("positions", ["plain", "randomized in training", "randomized spread"])
+def test_attention_weights_are_zero_exactly_outside_the_windows(
+    tiny_config, source_batch, target_batch, positions
+):
+    """The windows follow the tokens' order, whatever positions the encoding reads (drawn in training, spread
+    at inference)."""
     source, mask = source_batch()  # rows of 11, 9 and 7 real tokens, right-padded
     target = target_batch()
+    randomized = {} if positions == "plain" else {"randomized_positions_max": 64}
+    if positions == "randomized spread":  # a target longer than its source goes past L - 1: a larger table
+        randomized |= {"randomized_positions_inference": "spread", "max_position_embeddings": 256}
     config = tiny_config(
         dropout=0.0,
         attention_window=W,
         cross_attention_window=C,
         cross_attention_window_ratio=RATIO,
         attn_implementation="eager",
+        **randomized,
     )
-    encoder, decoder, cross = weights(
-        MarianPosEncForConditionalGeneration(config).eval(), source, mask, target
-    )
+    model = MarianPosEncForConditionalGeneration(config).train(positions == "randomized in training")
+    encoder, decoder, cross = weights(model, source, mask, target)
     i = torch.arange(source.shape[1])
     real = mask.bool()[:, None, None, :]  # (B, 1, 1, S)
     queries = mask.bool()[:, None, :, None]  # padded queries attend somewhere too; their outputs are unused

@@ -289,8 +289,11 @@ def test_input_longer_than_a_bounded_table_gives_a_clear_error(overrides, tiny_m
         for module in (model.model.encoder.position_encoding, *model.model.encoder.modules())
         if getattr(module, "max_positions", None) is not None
     ]
+    limit = model.config.max_position_embeddings
+    if model.config.randomized_positions_inference == "spread":  # Eq. 1 places sources of at most L tokens
+        bounded, limit = True, model.config.randomized_positions_max
     if bounded:
-        with pytest.raises(ValueError, match=rf"{too_long}.*{model.config.max_position_embeddings}"):
+        with pytest.raises(ValueError, match=rf"{too_long}.*{limit}"):
             model(input_ids=src, decoder_input_ids=tgt)
     else:  # unbounded modules must then genuinely handle the longer input
         with torch.no_grad():

@@ -13,7 +13,7 @@ from transformers import LlamaConfig
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
 from hf_posenc import MarianPosEncForConditionalGeneration
-from hf_posenc.base import ATTENTION_SITES, PositionContext
+from hf_posenc.base import ATTENTION_SITES, PositionContext, PositionLimitError
 from tests.helpers import PAD, VOCAB, decode_with_cache, record_positions
 
 DRAWS = 48  # L of the randomized positions; the tiny models' tables hold 64
@@ -183,11 +183,62 @@ def test_randomized_positions_refuse_a_cached_training_decode_and_a_too_long_seq
             {"randomized_positions_max": 8, "sentence_end_token_ids": [5]},
             r"randomized_positions_max=8 and sentence_end_token_ids=\[5\] cannot both be set",
         ),
+        (
+            {"randomized_positions_max": 8, "randomized_positions_inference": "mean"},
+            r"randomized_positions_inference='mean' is not allowed: one of 'plain', 'spread'",
+        ),
+        (
+            {"randomized_positions_inference": "spread"},
+            r"randomized_positions_inference='spread' would do nothing.*randomized_positions_max",
+        ),
     ],
 )
 def test_randomized_positions_config_errors_name_the_fields(overrides, message, tiny_config):
     with pytest.raises(ValueError, match=message):
         tiny_config(**overrides)
+
+
+def test_spread_positions_are_the_expected_positions_of_the_training_draw(
+    monkeypatch, tiny_model, source_batch, target_batch
+):
+    """Eq. 1 at inference: p_i = floor((i + 1)(L + 1) / (n + 1)) - 1 for each source of n real tokens (the mean of
+    the (i + 1)-th smallest of n positions drawn from 0..L-1, which the training draws average to), and the
+    decoder's tokens at their source's rate; a cached decode gets the positions of the full forward."""
+    model = tiny_model(position_encoding="kerple", randomized_positions_max=DRAWS)
+    model.config.randomized_positions_inference = "spread"
+    src, mask = source_batch()
+    tgt = target_batch()
+    seen = record_positions(model, monkeypatch)
+    with torch.no_grad():
+        full = model(input_ids=src, attention_mask=mask, decoder_input_ids=tgt).logits
+    lengths = mask.sum(-1, keepdim=True)  # (B, 1)
+    expected = torch.arange(src.shape[1])[None] + 1
+    expected = (expected * (DRAWS + 1)) // (lengths + 1) - 1  # (B, S)
+    encoder = seen["encoder"][0].query_positions
+    assert torch.equal(encoder[mask.bool()], expected[mask.bool()])
+    decoder = seen["decoder"][0].query_positions  # (B, T): past L - 1 where the target outgrows its source
+    assert torch.equal(decoder, (torch.arange(1, tgt.shape[1] + 1)[None] * (DRAWS + 1)) // (lengths + 1) - 1)
+    generator = torch.Generator().manual_seed(0)  # 20,000 training draws of 9 positions average to Eq. 1
+    draws = torch.rand(20000, DRAWS, generator=generator).argsort(-1)[:, :9].sort(-1).values.float().mean(0)
+    torch.testing.assert_close(draws, (torch.arange(1, 10) * (DRAWS + 1) / 10 - 1).float(), atol=0.3, rtol=0)
+    stepped = decode_with_cache(model, model.get_encoder()(input_ids=src, attention_mask=mask), mask, tgt)
+    torch.testing.assert_close(stepped, full, atol=1e-5, rtol=1e-5)
+    with torch.no_grad():  # and not the plain positions' logits
+        model.config.randomized_positions_inference = "plain"
+        assert not torch.allclose(
+            model(input_ids=src, attention_mask=mask, decoder_input_ids=tgt).logits, full
+        )
+
+
+def test_spread_positions_refuse_a_source_longer_than_the_drawn_range(tiny_model, source_batch, target_batch):
+    model = tiny_model(
+        position_encoding="kerple", randomized_positions_max=8, randomized_positions_inference="spread"
+    )
+    src, mask = source_batch(length=9)
+    with pytest.raises(
+        PositionLimitError, match=r"9 positions is longer than the 8 positions.*randomized_positions_max"
+    ):
+        model(input_ids=src, attention_mask=torch.ones_like(mask), decoder_input_ids=target_batch())
 
 
 def test_unbounded_encodings_take_any_randomized_range(tiny_config):

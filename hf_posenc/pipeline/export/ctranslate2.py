@@ -168,6 +168,11 @@ def export_refusals(config) -> list[str]:
     for field, why in WINDOW_REFUSALS.items():
         if getattr(config, field) is not None:
             reasons.append(f"{field}={getattr(config, field)} (attention windows): {why}")
+    if config.randomized_positions_inference != "plain":
+        reasons.append(
+            f"randomized_positions_inference={config.randomized_positions_inference!r} (randomized positions at "
+            "the training draw's expected positions): CTranslate2 takes positions from the token index"
+        )
     if config.rope_scaling is not None:
         reasons.append(
             f"rope_scaling={config.rope_scaling} (RoPE scaling at inference): no CTranslate2 mapping is written for "

@@ -236,6 +236,8 @@ def test_every_module_is_exported_or_refused_naming_it_and_the_missing_ctranslat
     for window in ("attention_window", "cross_attention_window"):
         if getattr(config, window) is not None:
             refused.append(f"{window}={getattr(config, window)}")
+    if config.randomized_positions_inference != "plain":
+        refused.append(f"randomized_positions_inference={config.randomized_positions_inference!r}")
     if config.rope_scaling is not None:
         refused.append(f"rope_scaling={config.rope_scaling}".replace(" ", ""))
     assert [reason.split(" (")[0].replace(" ", "") for reason in reasons] == refused
