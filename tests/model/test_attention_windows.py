@@ -20,17 +20,21 @@ def weights(model, source, mask, target):
     return output.encoder_attentions[0], output.decoder_attentions[0], output.cross_attentions[0]
 
 
-@pytest.mark.parametrize("positions", ["plain", "randomized in training", "randomized spread"])
+@pytest.mark.parametrize(
+    "positions", ["plain", "randomized in training", "randomized spread", "restarting at sentence ends"]
+)
 def test_attention_weights_are_zero_exactly_outside_the_windows(
     tiny_config, source_batch, target_batch, positions
 ):
     """The windows follow the tokens' order, whatever positions the encoding reads (drawn in training, spread
-    at inference)."""
+    at inference, restarting at each sentence)."""
     source, mask = source_batch()  # rows of 11, 9 and 7 real tokens, right-padded
     target = target_batch()
     randomized = {} if positions == "plain" else {"randomized_positions_max": 64}
     if positions == "randomized spread":  # a target longer than its source goes past L - 1: a larger table
         randomized |= {"randomized_positions_inference": "spread", "max_position_embeddings": 256}
+    if positions == "restarting at sentence ends":  # two tokens of the first source end sentences
+        randomized = {"sentence_end_token_ids": sorted({int(source[0, 3]), int(source[0, 6])})}
     config = tiny_config(
         dropout=0.0,
         attention_window=W,
