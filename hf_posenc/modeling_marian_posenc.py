@@ -392,14 +392,7 @@ class MarianPosEncDecoder(MarianPosEncStack):
             cross_mask = self.sentence_cross_mask(
                 cross_mask, sentences, encoder_sentence_indices, cross_context, inputs_embeds.dtype
             )
-        self_context = self.randomized_context(
-            self_context,
-            key_positions,
-            batch_size,
-            past_length,
-            encoder_attention_mask,
-            encoder_hidden_states.shape[1],
-        )
+        self_context = self.randomized_context(self_context, cross_context, batch_size, past_length)
         score_mask = stack_score_mask(self.position_encoding, causal_mask, self_context, is_causal=True)
         hidden_states = self.position_encoding.embed(inputs_embeds, self_context, None, past_key_values)
         hidden_states = self.embed_sentences(hidden_states, sentences, past_length + query_length - 1)

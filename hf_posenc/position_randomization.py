@@ -92,17 +92,16 @@ class PositionRandomizationMixin:
         return key_positions + offsets, offsets
 
     def randomized_context(
-        self, context, key_positions, batch_size: int, past_length: int, source_mask, source_length: int
+        self, context: PositionContext, cross_context: PositionContext, batch_size: int, past_length: int
     ) -> PositionContext:
-        """The self-attention context with randomized positions in training, or at inference with "spread" those
-        of Eq. 1 at the rate of each row's source (`source_mask` (B, S) or None: every source S tokens long;
-        spans read off the positions, a device sync per step); else `context`. Embeddings and self-attention
-        take them; cross-attention keeps plain positions."""
+        """The self-attention `context` with randomized positions for its keys' plain positions in training, or
+        at inference with "spread" those of Eq. 1 at the rate of each row's source (its real tokens: one more
+        than its last position in `cross_context`; spans read off the positions, a device sync per step); else
+        `context`. Embeddings and self-attention take them; cross-attention keeps plain positions."""
+        key_positions = context.key_positions  # (B|1, k): plain, as SHAPE and sentence positions are excluded
         draws = self.config.randomized_positions_max
         if draws and not self.training and self.config.randomized_positions_inference == "spread":
-            sources = (
-                source_mask.sum(-1, keepdim=True) if source_mask is not None else source_length
-            )  # (B, 1)
+            sources = cross_context.key_positions.amax(dim=-1, keepdim=True) + 1  # (B|1, 1)
             spread = spread_positions(key_positions, sources, draws, source=False)  # (B|1, k)
             return PositionContext(self.position_encoding, spread[:, past_length:], spread)
         randomized = self.randomized_positions(key_positions, batch_size, past_length)
