@@ -111,9 +111,11 @@ class PositionRandomizationMixin:
         return PositionContext(self.position_encoding, randomized, randomized, span, span)
 
 
-def spread_positions(positions: torch.Tensor, lengths, draws: int, source: bool = True) -> torch.Tensor:
+def spread_positions(
+    positions: torch.Tensor, lengths: torch.Tensor, draws: int, source: bool = True
+) -> torch.Tensor:
     """Eq. 1: the expected positions of the training draw for plain `positions` (B|1, T) of sequences of
-    `lengths` real tokens ((B|1, 1) tensor, or an int), L = `draws`. A source longer than L, which training's
+    `lengths` (B|1, 1) real tokens, L = `draws`. A source longer than L, which training's
     draws could not hold, raises `PositionLimitError` naming `randomized_positions_max`; a target (`source`
     False) continues past L - 1 at its source's rate. Returns (B|1, T)."""
     if source and (longest := int(lengths.max())) > draws:

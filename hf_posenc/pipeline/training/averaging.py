@@ -95,11 +95,17 @@ def checkpoint_config(checkpoint: Path) -> dict:
     if not path.is_file():
         raise FileNotFoundError(f"{path} is missing: {checkpoint} is not a complete model checkpoint")
     saved = read_json(path)
-    try:
-        defaults = json.loads(AutoConfig.for_model(saved.get("model_type")).to_json_string(use_diff=False))
-    except ValueError:  # a model type this process does not know: its config as saved
-        defaults = {}
+    defaults = config_defaults(saved.get("model_type"))
     return {k: v for k, v in (defaults | saved).items() if k not in RUN_SPECIFIC_CONFIG_KEYS}
+
+
+def config_defaults(model_type: str | None) -> dict:
+    """Every field of `model_type`'s config class at its default, as config.json writes it; {} for a model type
+    this process does not know. A config saved before its class gained a field ran with that field's default."""
+    try:
+        return json.loads(AutoConfig.for_model(model_type).to_json_string(use_diff=False))
+    except ValueError:
+        return {}
 
 
 # The files a saved tokenizer consists of (fast and slow tokenizers, BPE, WordPiece, SentencePiece, Marian's spm).

@@ -16,7 +16,7 @@ import torch
 from safetensors import SafetensorError, safe_open
 
 from .arguments import Arguments
-from .averaging import RUN_SPECIFIC_CONFIG_KEYS
+from .averaging import RUN_SPECIFIC_CONFIG_KEYS, config_defaults
 
 logger = logging.getLogger("train")
 SETTINGS_FILE = "run_settings.json"  # in the checkpoint folder: what a resumed run must repeat
@@ -72,12 +72,7 @@ def run_settings(args: Arguments, model) -> dict:
         "start": {"model_name_or_path": args.model.model_name_or_path},
         "model": config,
     }
-    return plain(settings)
-
-
-def plain(value):
-    """`value` as JSON reads it back (enums by their value, anything else unknown as its text)."""
-    return json.loads(json.dumps(value, default=lambda item: getattr(item, "value", str(item))))
+    return json.loads(json.dumps(settings, default=lambda value: getattr(value, "value", str(value))))
 
 
 def check_resume_settings(args: Arguments, model, resume: str | None) -> None:
@@ -90,7 +85,7 @@ def check_resume_settings(args: Arguments, model, resume: str | None) -> None:
     if resume is not None:
         saved, origin, complete = saved_settings(Path(resume), type(model.config))
         if complete:  # a config field added after the run was recorded: that run had its default
-            defaults = plain(type(model.config)().to_dict())
+            defaults = config_defaults(model.config.model_type)
             missing = settings["model"].keys() - saved["model"].keys()
             saved["model"] |= {name: defaults[name] for name in missing if name in defaults}
         differing = [
