@@ -509,28 +509,61 @@ def target_summary(results: Results, pair: str) -> str:
     )
 
 
+ONE_PASS_PANEL = "one pass"  # the extrapolation table's encodings, each decoded as trained
+
+
+def kept_panels(curves: dict[str, dict[int, float]]) -> dict[str, dict[str, dict[int, float]]]:
+    """The curves by panel: the extrapolation table's encodings in one, then a panel per base encoding (in that
+    table's order) with its one-pass curve and each length option on it, labelled by the option."""
+    bases = [system.name for system in TABLES["extrapolation"][1:]]
+    panels = {ONE_PASS_PANEL: {name: curves[name] for name in bases if name in curves}}
+    for base in bases:
+        options = {
+            name.removeprefix(base): kept for name, kept in curves.items() if name.startswith(base + "+")
+        }
+        if options:
+            panels[base] = ({ONE_PASS_PANEL: curves[base]} if base in curves else {}) | options
+    return {title: panel for title, panel in panels.items() if panel}
+
+
 def plot_kept(curves: dict[str, dict[int, float]], path: Path, title: str) -> None:
-    """Kept share of the ceiling BLEU against k, one line per system (the bounds of the rule as grey ticks), as a
-    PNG."""
+    """Kept share of the ceiling BLEU against k as a PNG: a panel of the encodings in one pass, then one per base
+    encoding with its length options (`kept_panels`), the rule's target and floor as dashed ticks."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    figure, axis = plt.subplots(figsize=(7, 4.5))
+    panels = kept_panels(curves)
+    columns = min(len(panels), 3)
+    rows = math.ceil(len(panels) / columns)
+    figure, axes = plt.subplots(
+        rows, columns, figsize=(4.6 * columns, 3.9 * rows), sharey=True, squeeze=False
+    )
     palette = plt.get_cmap("tab20").colors
     colours = palette[::2] + palette[1::2]  # ten distinct hues before their light shades
-    for index, (name, kept) in enumerate(curves.items()):
-        ks = [1, *kept]
-        axis.plot(ks, [1.0, *kept.values()], marker="o", color=colours[index % 20], label=name)
-    for bound in TARGET + FLOOR:
-        axis.plot([bound.k], [bound.kept], marker="_", markersize=14, color="grey")
-    axis.set_xscale("log", base=2)
-    axis.set_xticks(list(EXTRAPOLATION_K), [str(k) for k in EXTRAPOLATION_K])
-    axis.set_xlabel("test sentences joined into one input (k)")
-    axis.set_ylabel("share of the ceiling BLEU kept")
-    axis.set_title(title)
-    axis.legend(fontsize=7, ncol=2)
+    for axis, (panel, lines) in zip(axes.flat, panels.items(), strict=False):  # more axes than panels
+        for index, (name, kept) in enumerate(lines.items()):
+            style = (
+                {"color": "black", "linewidth": 2.2}
+                if name == ONE_PASS_PANEL
+                else {"color": colours[index % 20]}
+            )
+            axis.plot([1, *kept], [1.0, *kept.values()], marker="o", markersize=3, label=name, **style)
+        for bounds, label in ((TARGET, "target"), (FLOOR, "floor")):
+            for bound in bounds:
+                axis.hlines(bound.kept, bound.k / 1.25, bound.k * 1.25, colors="grey", linestyles="--")
+                axis.annotate(label, (bound.k * 1.27, bound.kept), fontsize=6, color="grey", va="center")
+        axis.set_xscale("log", base=2)
+        axis.set_xlim(0.85, 24)
+        axis.set_xticks(list(EXTRAPOLATION_K), [str(k) for k in EXTRAPOLATION_K])
+        axis.set_title(panel, fontsize=9)
+        axis.legend(fontsize=6, loc="lower left")
+    for axis in axes.flat[len(panels) :]:
+        axis.set_visible(False)
+    figure.supxlabel("test sentences joined into one input (k)", fontsize=9)
+    figure.supylabel("share of the ceiling BLEU kept", fontsize=9)
+    figure.suptitle(title)
     figure.tight_layout()
-    figure.savefig(path, dpi=110)
+    figure.savefig(path, dpi=100)
     plt.close(figure)

@@ -233,3 +233,15 @@ def test_degenerate_runs_are_left_out_of_the_target_test(tmp_path, monkeypatch):
     assert "whatever the input: none." in "\n".join(lines)  # garbage is not a decoder that stops early
     summary = extrapolation.target_summary(Results(args), "en-de")
     assert f"one seed (no call): `alibi+concat4`; {no_call}: `nope-decoder+concat4`." in summary
+
+
+def test_the_figure_has_a_panel_of_the_encodings_and_one_per_base_with_its_options():
+    curves = {
+        name: {8: 0.5, 16: 0.25}
+        for name in ("fire+concat4", "rope+concat4", "fire+concat4+windows4", "kerple+concat4+cross-window")
+    }
+    panels = extrapolation.kept_panels(curves)
+    assert list(panels) == ["one pass", "fire+concat4", "kerple+concat4"]  # a panel per base with options
+    assert list(panels["one pass"]) == ["rope+concat4", "fire+concat4"]  # the extrapolation table's order
+    assert list(panels["fire+concat4"]) == ["one pass", "+windows4"]  # the base's own curve first
+    assert list(panels["kerple+concat4"]) == ["+cross-window"]  # a base without runs: its options alone
