@@ -17,11 +17,13 @@ the source, per example of the batch, and are read from the generation config by
   `length_penalty`: the reward sits inside the normalised sum, as Marian's word penalty does. Greedy decoding picks
   argmax_v (log p(v) + ρ·[v ≠ </s>]) at each step (the processor sees logits there; log-softmax shifts a row by a
   constant, so the argmax is the same).
-* `match_source_sentence_count`: no `</s>` before the hypothesis holds as many sentence-end tokens as its
-  source: the generation config's `sentence_end_token_ids`, else the model config's field of that name (which
-  also turns on sentence-aware positions, sentence_positions.py); both come from `sentence_end_token_ids(tokenizer)`
-  below, the one function that derives them.
-* `window_sentences` N: the source is cut after its sentence-end tokens (the ids above) into windows of N
+* `match_source_sentence_count`: no `</s>` before the hypothesis holds as many sentence ends as its source. A
+  sentence ends at a token of the generation config's `sentence_end_token_ids` (else the model config's field of
+  that name, which also turns on sentence-aware positions, sentence_positions.py) unless the next token is one of
+  its `continuation_token_ids`, the tokens that carry on the word before them: the `.` of `18.4` or of the first
+  `U.S.` ends nothing (`sentence_end_positions`). Without continuation ids every sentence-end token ends a
+  sentence. `sentence_boundary_settings(tokenizer)` below derives both, the one place that does.
+* `window_sentences` N: the source is cut after its sentence ends (as above) into windows of N
   consecutive sentences, each window is translated as an input of its own (all windows of the batch in one
   `generate` call, with the other settings), and each example's window translations are joined in order: sliding-
   window decoding that never gives the model an input longer than N sentences (Zhang, Gu, Zhang & Feng, EMNLP
@@ -55,6 +57,7 @@ MIN_LENGTH_RATIO = "min_length_ratio"
 WORD_REWARD = "word_reward"
 MATCH_SOURCE_SENTENCE_COUNT = "match_source_sentence_count"
 SENTENCE_END_TOKEN_IDS = "sentence_end_token_ids"
+CONTINUATION_TOKEN_IDS = "continuation_token_ids"
 WINDOW_SENTENCES = "window_sentences"
 # The keys that read the sentence-end ids: each needs them when it is on.
 NEEDS_SENTENCE_ENDS = (MATCH_SOURCE_SENTENCE_COUNT, WINDOW_SENTENCES)
@@ -64,6 +67,7 @@ LENGTH_CONTROL_DEFAULTS = {
     WORD_REWARD: None,
     MATCH_SOURCE_SENTENCE_COUNT: False,
     SENTENCE_END_TOKEN_IDS: None,
+    CONTINUATION_TOKEN_IDS: None,
     WINDOW_SENTENCES: None,
 }
 # n of the loop guard: long enough that captions may share phrases ("in front of a"), short enough to stop a
@@ -76,6 +80,26 @@ DEFAULT_RATIO_QUANTILE = 0.05
 SENTENCE_END_MARKS = ".!?。！？"
 CLOSING_MARKS = "\"'”’»)]"
 WORD_BOUNDARY_MARKS = "▁Ġ"  # Metaspace (SentencePiece, our BPE) and byte-level word starts
+
+
+def sentence_boundary_settings(tokenizer) -> dict[str, list[int]]:
+    """The generation-config settings that find sentence ends in token ids, from `tokenizer`:
+    `sentence_end_token_ids` and, where the vocabulary marks word starts, `continuation_token_ids`."""
+    settings = {SENTENCE_END_TOKEN_IDS: sentence_end_token_ids(tokenizer)}
+    if continuations := continuation_token_ids(tokenizer):
+        settings[CONTINUATION_TOKEN_IDS] = continuations
+    return settings
+
+
+def continuation_token_ids(tokenizer) -> list[int]:
+    """Ids of the vocabulary's tokens that carry on the word before them: no word-boundary mark first
+    (`WORD_BOUNDARY_MARKS`), special tokens excluded; none where no token of the vocabulary starts with a mark (the
+    vocabulary does not say where words start)."""
+    special = set(getattr(tokenizer, "all_special_ids", ()))
+    vocab = {token: token_id for token, token_id in tokenizer.get_vocab().items() if token_id not in special}
+    if not any(token[:1] in WORD_BOUNDARY_MARKS for token in vocab):
+        return []
+    return sorted(token_id for token, token_id in vocab.items() if token[:1] not in WORD_BOUNDARY_MARKS)
 
 
 def sentence_end_token_ids(tokenizer) -> list[int]:
@@ -115,9 +139,9 @@ def key_error(key: str, value, allowed: str) -> ValueError:
     return ValueError(f"generation config {key}={value!r} is not allowed: {allowed}")
 
 
-def checked_sentence_end_ids(ids, model_config) -> tuple[int, ...] | None:
-    """`sentence_end_token_ids` as a tuple, refused unless every id is a token of the vocabulary other than the
-    end-of-sequence and padding tokens (which every source holds or may hold)."""
+def checked_token_ids(key: str, ids, model_config) -> tuple[int, ...] | None:
+    """The token ids of setting `key` as a tuple, refused unless every id is a token of the vocabulary other than
+    the end-of-sequence and padding tokens (which every source holds or may hold)."""
     if ids is None:
         return None
     vocab_size = model_config.vocab_size
@@ -127,8 +151,20 @@ def checked_sentence_end_ids(ids, model_config) -> tuple[int, ...] | None:
         isinstance(i, int) and not isinstance(i, bool) and 0 <= i < vocab_size and i not in special
         for i in ids
     ):
-        raise key_error(SENTENCE_END_TOKEN_IDS, ids, allowed)
+        raise key_error(key, ids, allowed)
     return tuple(ids)
+
+
+def sentence_end_positions(
+    ids: torch.LongTensor, sentence_end_token_ids, continuation_token_ids=None
+) -> torch.Tensor:
+    """Where a sentence ends in `ids` (..., n), as bools (..., n): a sentence-end token whose next token is not a
+    continuation token (the last token has none after it)."""
+    ends = torch.isin(ids, torch.as_tensor(sentence_end_token_ids, device=ids.device))  # (..., n)
+    if continuation_token_ids is not None and len(continuation_token_ids):
+        carried = torch.isin(ids[..., 1:], torch.as_tensor(continuation_token_ids, device=ids.device))
+        ends[..., :-1] &= ~carried
+    return ends
 
 
 @dataclass(frozen=True)
@@ -139,6 +175,7 @@ class LengthControl:
     word_reward: float | None = None
     match_source_sentence_count: bool = False
     sentence_end_token_ids: tuple[int, ...] | None = None
+    continuation_token_ids: tuple[int, ...] | None = None
     window_sentences: int | None = None
 
     @property
@@ -177,7 +214,10 @@ class LengthControl:
         window = values[WINDOW_SENTENCES]
         if window is not None and (isinstance(window, bool) or not isinstance(window, int) or window < 1):
             raise key_error(WINDOW_SENTENCES, window, "a whole number >= 1 (sentences per window), or None")
-        ids = checked_sentence_end_ids(values[SENTENCE_END_TOKEN_IDS], model_config)
+        ids = checked_token_ids(SENTENCE_END_TOKEN_IDS, values[SENTENCE_END_TOKEN_IDS], model_config)
+        continuations = checked_token_ids(
+            CONTINUATION_TOKEN_IDS, values[CONTINUATION_TOKEN_IDS], model_config
+        )
         needs = [f"{key}={values[key]!r}" for key in NEEDS_SENTENCE_ENDS if values[key]]
         if needs and not ids:
             raise key_error(
@@ -191,6 +231,7 @@ class LengthControl:
             None if reward is None else float(reward),
             match,
             ids,
+            continuations,
             window,
         )
 
@@ -256,17 +297,28 @@ class MinLengthRatioLogitsProcessor(SourceTiedEosBlock):
 
 
 class SentenceCountLogitsProcessor(SourceTiedEosBlock):
-    """No `</s>` before a hypothesis holds `source_counts` sentence-end tokens, per example."""
+    """No `</s>` before a hypothesis holds `source_counts` sentence ends (`sentence_end_positions`), per example;
+    a hypothesis's last token counts if it is a sentence-end token, as `</s>` after it would leave it last."""
 
     per_example = "source_counts"
 
-    def __init__(self, source_counts, sentence_end_token_ids, eos_token_ids, prompt_length: int):
+    def __init__(
+        self,
+        source_counts,
+        sentence_end_token_ids,
+        eos_token_ids,
+        prompt_length: int,
+        continuation_token_ids=None,
+    ):
         super().__init__(eos_token_ids, prompt_length)
         self.source_counts = source_counts  # (B,)
         self.sentence_end_token_ids = torch.tensor(sentence_end_token_ids, dtype=torch.long)
+        self.continuation_token_ids = torch.tensor(continuation_token_ids or [], dtype=torch.long)
 
     def blocked(self, hypotheses):
-        ends = torch.isin(hypotheses, self.sentence_end_token_ids.to(hypotheses.device)).sum(-1)  # (rows,)
+        ends = sentence_end_positions(
+            hypotheses, self.sentence_end_token_ids, self.continuation_token_ids
+        ).sum(-1)  # (rows,)
         return ends < per_row(self.source_counts.to(hypotheses.device), hypotheses.shape[0])
 
 
@@ -302,10 +354,18 @@ def length_control_processors(
         minimum = torch.ceil(lengths.double() * control.min_length_ratio).long()  # (B,)
         processors.append(MinLengthRatioLogitsProcessor(minimum, eos_token_ids, prompt_length))
     if control.match_source_sentence_count and eos_token_ids:
-        ends = torch.tensor(control.sentence_end_token_ids, device=source_ids.device)
-        counts = (torch.isin(source_ids, ends) & mask).sum(-1)  # (B,)
+        ends = sentence_end_positions(
+            source_ids, control.sentence_end_token_ids, control.continuation_token_ids
+        )
+        counts = (ends & mask).sum(-1)  # (B,)
         processors.append(
-            SentenceCountLogitsProcessor(counts, control.sentence_end_token_ids, eos_token_ids, prompt_length)
+            SentenceCountLogitsProcessor(
+                counts,
+                control.sentence_end_token_ids,
+                eos_token_ids,
+                prompt_length,
+                control.continuation_token_ids,
+            )
         )
     if control.word_reward is not None:
         processors.append(WordRewardLogitsProcessor(control.word_reward, eos_token_ids))
@@ -313,17 +373,18 @@ def length_control_processors(
 
 
 def sentence_windows(
-    source: torch.LongTensor, mask: torch.Tensor, sentence_end_token_ids, eos_token_id: int, size: int
+    source: torch.LongTensor, mask: torch.Tensor, control: "LengthControl", eos_token_id: int
 ) -> tuple[list[torch.LongTensor], list[int]]:
-    """The windows of `size` consecutive sentences of each source (B, S) with its mask (B, S), each ending in
-    `eos_token_id` as a source does, and the example each window belongs to. A sentence ends after a token of
-    `sentence_end_token_ids`; `</s>` and padding are not part of any sentence."""
-    ends = torch.tensor(list(sentence_end_token_ids), device=source.device)
+    """The windows of `control.window_sentences` consecutive sentences of each source (B, S) with its mask (B, S),
+    each ending in `eos_token_id` as a source does, and the example each window belongs to. A sentence ends where
+    `sentence_end_positions` says; `</s>` and padding are not part of any sentence."""
     eos = source.new_tensor([eos_token_id])
+    size = control.window_sentences
     windows, owners = [], []
     for row, (ids, keep) in enumerate(zip(source, mask.bool(), strict=True)):
         tokens = ids[keep & (ids != eos_token_id)]  # (n,)
-        cuts = (torch.isin(tokens, ends).nonzero().flatten() + 1).tolist()  # after each sentence end
+        ends = sentence_end_positions(tokens, control.sentence_end_token_ids, control.continuation_token_ids)
+        cuts = (ends.nonzero().flatten() + 1).tolist()  # after each sentence end
         bounds = [0, *(cut for cut in cuts if cut < len(tokens)), len(tokens)]
         for index, start in enumerate(bounds[:-1:size]):
             stop = bounds[min(index * size + size, len(bounds) - 1)]
@@ -443,9 +504,7 @@ class LengthControlGenerationMixin:
         mask = kwargs.pop("attention_mask", None)
         pad, eos = self.config.pad_token_id, self.config.eos_token_id
         mask = mask if mask is not None else source != pad  # (B, S)
-        windows, owners = sentence_windows(
-            source, mask, control.sentence_end_token_ids, eos, control.window_sentences
-        )
+        windows, owners = sentence_windows(source, mask, control, eos)
         batch = torch.nn.utils.rnn.pad_sequence(windows, batch_first=True, padding_value=pad)  # (W, S')
         outputs = self.generate(
             batch,

@@ -273,7 +273,8 @@ def generate_settings(run: Run, tokenizer) -> dict:
     """A run's generation settings: none of its own for a trained row; a decode-time row's, with a
     `min_length_ratio` of `TRAINING_RATIO` measured on the training pairs of its recipe and pair with the model's
     tokenizer, as train.py --length_control measures it, and with `match_source_sentence_count` or
-    `window_sentences` the tokenizer's sentence ends, as train.py saves them (docs/length.md)."""
+    `window_sentences` the tokenizer's sentence ends without continuation tokens: every sentence-end token ends a
+    sentence, as when the rows were recorded (docs/length.md)."""
     decoding = DECODING.get(run.system)
     if decoding is None:
         return {}

@@ -16,7 +16,10 @@ from transformers import AutoModelForSeq2SeqLM, GenerationConfig
 from hf_posenc.generation_length import (
     LENGTH_CONTROL_DEFAULTS,
     LOOP_GUARD_NGRAM_SIZE,
+    continuation_token_ids,
     measure_min_length_ratio,
+    sentence_boundary_settings,
+    sentence_end_positions,
     sentence_end_token_ids,
 )
 from tests.helpers import EOS, PAD
@@ -87,6 +90,29 @@ def test_eos_waits_until_the_hypothesis_holds_as_many_sentence_ends_as_its_sourc
     counts = [int(torch.isin(row, torch.tensor([END_A, END_B])).sum()) for row in hypotheses]
     assert counts == SOURCE_SENTENCE_ENDS
     assert lengths(generated) == [n + 1 for n in SOURCE_SENTENCE_ENDS]
+
+
+@pytest.mark.parametrize("num_beams", [1, 4])
+def test_a_sentence_end_before_a_continuation_token_is_not_counted(num_beams, eager_model, sources):
+    model = eager_model()
+    src, mask = sources
+    src[src == 9] = 7
+    src[0, 4] = 9  # source 0: the end at 3 is followed by a continuation (the `.` of `18.4`): 2 sentence ends
+    decode = dict(
+        attention_mask=mask, num_beams=num_beams, max_new_tokens=40, match_source_sentence_count=True
+    )
+    generated = model.generate(
+        src, sentence_end_token_ids=[END_A, END_B], continuation_token_ids=[9], **decode
+    )
+    assert lengths(generated) == [3, 2, 1]
+    assert lengths(model.generate(src, sentence_end_token_ids=[END_A, END_B], **decode)) == [4, 2, 1]
+
+
+def test_sentence_ends_are_end_tokens_not_followed_by_a_continuation():
+    ids = torch.tensor([[7, END_A, 9, 7, END_A, 7, END_B], [END_A, END_A, 9, 9, 7, 7, 7]])
+    ends = sentence_end_positions(ids, [END_A, END_B], [9])
+    assert ends.tolist() == [[0, 0, 0, 0, 1, 0, 1], [1, 0, 0, 0, 0, 0, 0]]
+    assert sentence_end_positions(ids, [END_A, END_B]).sum().item() == 5  # without continuations: every end
 
 
 @pytest.fixture
@@ -321,3 +347,14 @@ def test_sentence_end_tokens_are_read_from_the_vocabulary():
     tokens = ["<pad>", "</s>", "<unk>", "▁cat.", ".", "▁Hi!", "?", '."', "▁3.5", "▁Mann", "。", ".)", "▁"]
     found = sentence_end_token_ids(Vocabulary(tokens, special=[PAD, EOS, 2]))
     assert [tokens[i] for i in found] == ["▁cat.", ".", "▁Hi!", "?", '."', "。", ".)"]
+
+
+def test_continuation_tokens_are_those_without_a_word_start_mark():
+    tokens = ["<pad>", "</s>", "<unk>", "▁18", ".", "4", "▁The", "▁U", "S", "ĠHi", ")", "▁"]
+    vocabulary = Vocabulary(tokens, special=[PAD, EOS, 2])
+    assert [tokens[i] for i in continuation_token_ids(vocabulary)] == [".", "4", "S", ")"]
+    settings = sentence_boundary_settings(vocabulary)
+    assert settings == {"sentence_end_token_ids": [4], "continuation_token_ids": [4, 5, 8, 10]}
+    unmarked = Vocabulary(["<pad>", "</s>", "cat", ".", "4"], special=[PAD, EOS])
+    assert continuation_token_ids(unmarked) == []  # nothing says where words start
+    assert sentence_boundary_settings(unmarked) == {"sentence_end_token_ids": [3]}

@@ -8,10 +8,11 @@ import re
 import pytest
 import torch
 
-from hf_posenc.generation_length import join_windows, sentence_windows
+from hf_posenc.generation_length import LengthControl, join_windows, sentence_windows
 from tests.helpers import EOS, PAD
 
 END = 5  # the sentence-end token of these tests
+DIGIT = 9  # a token that carries on the word before it (the `4` of `18.4`) in the continuation tests
 
 
 @pytest.fixture
@@ -24,8 +25,11 @@ def documents(source_batch):
     return ids, mask
 
 
-def windows_of(ids, mask, size):
-    windows, owners = sentence_windows(ids, mask, [END], EOS, size)
+def windows_of(ids, mask, size, continuations=None):
+    control = LengthControl(
+        sentence_end_token_ids=(END,), continuation_token_ids=continuations, window_sentences=size
+    )
+    windows, owners = sentence_windows(ids, mask, control, EOS)
     return [window.tolist() for window in windows], owners
 
 
@@ -40,6 +44,18 @@ def test_sources_are_cut_after_each_sentence_end_into_windows_of_n_sentences(doc
     singles, owners = windows_of(ids, mask, 1)
     assert len(singles) == 5 + 2 + 1 and owners == [0] * 5 + [1, 1, 2]
     assert [token for window in singles[:5] for token in window[:-1]] == row[:15]  # nothing lost or repeated
+
+
+def test_a_sentence_end_token_before_a_continuation_token_cuts_nothing(documents):
+    ids, mask = documents
+    ids[ids == DIGIT] = 7
+    ids[0, 6] = DIGIT  # the end at 5 is the `.` of `18.4`: sentences end at 2, 8, 11 and 14
+    windows, owners = windows_of(ids, mask, 1, continuations=(DIGIT,))
+    row = ids[0].tolist()
+    assert windows[:4] == [row[:3] + [EOS], row[3:9] + [EOS], row[9:12] + [EOS], row[12:15] + [EOS]]
+    assert owners[:5] == [0, 0, 0, 0, 1]
+    without, _ = windows_of(ids, mask, 1)  # every end token cuts, as before continuation ids
+    assert without[1] == row[3:6] + [EOS]
 
 
 def test_joined_windows_keep_each_windows_tokens_in_order():
@@ -109,13 +125,25 @@ def test_the_saved_generation_config_turns_windows_on(tmp_path, documents, tiny_
             {"window_sentences": 2, "sentence_end_token_ids": None},
             "window_sentences=2 needs a non-empty list",
         ),
+        (
+            {"window_sentences": 2, "continuation_token_ids": [DIGIT, EOS]},
+            "continuation_token_ids=[9, 1] is not allowed: a list of token ids in 0..59, without </s> and <pad>",
+        ),
         ({"window_sentences": 2, "return_dict_in_generate": True}, "without return_dict_in_generate"),
         (
             {"window_sentences": 2, "num_beams": 2, "num_return_sequences": 2},
             "without num_return_sequences > 1",
         ),
     ],
-    ids=["zero", "fraction", "bool", "no-sentence-ends", "dict-output", "several-sequences"],
+    ids=[
+        "zero",
+        "fraction",
+        "bool",
+        "no-sentence-ends",
+        "bad-continuations",
+        "dict-output",
+        "several-sequences",
+    ],
 )
 def test_bad_window_settings_are_refused_by_name(settings, words, documents, tiny_model):
     model = tiny_model()

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import torch
 
-from ...generation_length import NEEDS_SENTENCE_ENDS, sentence_end_token_ids
+from ...generation_length import NEEDS_SENTENCE_ENDS, sentence_boundary_settings
 from ..cli import check_number
 from ..data.files import read_lines, read_parallel
 from ..export.ctranslate2 import is_ctranslate2_folder, translate_ctranslate2
@@ -234,8 +234,8 @@ def decode_with_ctranslate2(args, model_dir: Path, sources: list[str]) -> tuple[
 def sentence_ends_for_the_count(overrides: dict, model, tokenizer) -> dict:
     """`--match_source_sentence_count true` or `--window_sentences` on a model that saved no sentence-end ids
     (neither its generation config nor its config, trained without --length_control or --sentence_positions): the
-    tokenizer's, as train.py derives them (`sentence_end_token_ids`); else nothing. An error where the tokenizer
-    has none."""
+    tokenizer's sentence ends and continuation tokens, as train.py derives them (`sentence_boundary_settings`);
+    else nothing. An error where the tokenizer has no sentence-end token."""
     saved = getattr(model.generation_config, "sentence_end_token_ids", None)
     saved = saved or getattr(model.config, "sentence_end_token_ids", None)
     flags = [
@@ -243,12 +243,13 @@ def sentence_ends_for_the_count(overrides: dict, model, tokenizer) -> dict:
     ]
     if not flags or saved:
         return {}
-    if not (ends := sentence_end_token_ids(tokenizer)):
+    settings = sentence_boundary_settings(tokenizer)
+    if not settings["sentence_end_token_ids"]:
         raise ValueError(
             f"{', '.join(flags)}: the tokenizer has no token that ends a sentence (., !, ? or one ending in them) "
             "to cut at"
         )
-    return {"sentence_end_token_ids": ends}
+    return settings
 
 
 def decoding_precision(args, model) -> PrecisionChoice:

@@ -29,7 +29,7 @@ from transformers.trainer_callback import ProgressCallback
 
 from ...base import PositionLimitError
 from ...configuration_marian_posenc import MarianPosEncConfig
-from ...generation_length import measure_min_length_ratio, sentence_end_token_ids
+from ...generation_length import measure_min_length_ratio, sentence_boundary_settings, sentence_end_token_ids
 from ...modeling_marian_posenc import (
     MAX_NEW_TOKENS_OVER_SOURCE,
     PAPER_1_DECODING,
@@ -183,7 +183,8 @@ def pretrained_model(args: Arguments, data: PreparedData):
 
 def decode_time_settings(args: Arguments, data: PreparedData) -> dict:
     """The generation-config settings of --length_control (r measured on the training examples as tokenized, the
-    source's sentence count) and --window_sentences, with the tokenizer's sentence ends (docs/length.md)."""
+    source's sentence count) and --window_sentences, with the tokenizer's sentence ends and continuation tokens
+    (`sentence_boundary_settings`, docs/length.md)."""
     model = args.model
     if not (model.length_control or model.window_sentences):
         return {}
@@ -195,12 +196,11 @@ def decode_time_settings(args: Arguments, data: PreparedData) -> dict:
         )
         if on
     )
-    ends = sentence_end_token_ids(data.tokenizer)
-    if not ends:
+    settings = sentence_boundary_settings(data.tokenizer)
+    if not settings["sentence_end_token_ids"]:
         raise ValueError(
             f"{flags}: the tokenizer has no token that ends a sentence (., !, ? or one ending in them)"
         )
-    settings = {"sentence_end_token_ids": ends}
     if model.window_sentences:
         settings["window_sentences"] = model.window_sentences
     if model.length_control:

@@ -67,10 +67,11 @@ def test_the_sentence_count_flag_takes_the_tokenizers_sentence_ends_where_the_mo
 
 
 def test_the_window_flag_translates_each_sentence_window_on_its_own(tmp_path, tiny_model):
-    """`--window_sentences 1` on a model that saved no sentence-end ids cuts at the tokenizer's: each source's
-    translation is its sentences' translations, each made alone, joined."""
-    sources = ["a dog runs . a man sits .", "two dogs run . children play ."]
-    sentences = ["a dog runs .", "a man sits .", "two dogs run .", "children play ."]
+    """`--window_sentences 1` on a model that saved no sentence-end ids cuts at the tokenizer's sentence ends, and
+    not at the `.` of `dogs.com` (a continuation token follows it): each source's translation is its sentences'
+    translations, each made alone, joined."""
+    sources = ["a dog runs to dogs.com. a man sits.", "two dogs run. children play."]
+    sentences = ["a dog runs to dogs.com.", "a man sits.", "two dogs run.", "children play."]
     folder = tmp_path / "model"
     tiny_model(max_position_embeddings=256).save_pretrained(folder)
     train_joint_bpe(sources * 3, vocab_size=60).save_pretrained(folder)

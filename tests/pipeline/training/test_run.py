@@ -310,7 +310,9 @@ def test_length_control_and_windows_are_saved_in_the_generation_config(tmp_path,
     """`--length_control`: the saved generation config turns length control on (docs/length.md) with r measured on
     the run's training examples; `--window_sentences 4` saves windows with the tokenizer's sentence ends; without
     them nothing is on."""
-    from transformers import GenerationConfig
+    from transformers import AutoTokenizer, GenerationConfig
+
+    from hf_posenc.generation_length import continuation_token_ids
 
     flags = [*tiny_run_flags(), *TWO_UPDATES]
     run.main([*flags, "--length_control", "true", "--output_dir", str(tmp_path / "controlled")])
@@ -324,4 +326,8 @@ def test_length_control_and_windows_are_saved_in_the_generation_config(tmp_path,
     run.main([*flags, "--window_sentences", "4", "--output_dir", str(tmp_path / "windows")])
     windows = GenerationConfig.from_pretrained(tmp_path / "windows")
     assert windows.window_sentences == 4 and windows.sentence_end_token_ids == saved.sentence_end_token_ids
+    tokenizer = AutoTokenizer.from_pretrained(tmp_path / "windows")
+    assert (
+        windows.continuation_token_ids == continuation_token_ids(tokenizer) != []
+    )  # Metaspace marks word starts
     assert windows.min_length_ratio is None  # windows alone: no length control
