@@ -373,7 +373,7 @@ def length_control_processors(
 
 
 def sentence_windows(
-    source: torch.LongTensor, mask: torch.Tensor, control: "LengthControl", eos_token_id: int
+    source: torch.LongTensor, mask: torch.Tensor, control: LengthControl, eos_token_id: int
 ) -> tuple[list[torch.LongTensor], list[int]]:
     """The windows of `control.window_sentences` consecutive sentences of each source (B, S) with its mask (B, S),
     each ending in `eos_token_id` as a source does, and the example each window belongs to. A sentence ends where
