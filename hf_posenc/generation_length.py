@@ -316,6 +316,9 @@ class SentenceCountLogitsProcessor(SourceTiedEosBlock):
         self.continuation_token_ids = torch.tensor(continuation_token_ids or [], dtype=torch.long)
 
     def blocked(self, hypotheses):
+        if self.sentence_end_token_ids.device != hypotheses.device:  # once, not a copy per step
+            self.sentence_end_token_ids = self.sentence_end_token_ids.to(hypotheses.device)
+            self.continuation_token_ids = self.continuation_token_ids.to(hypotheses.device)
         ends = sentence_end_positions(
             hypotheses, self.sentence_end_token_ids, self.continuation_token_ids
         ).sum(-1)  # (rows,)
@@ -380,11 +383,14 @@ def sentence_windows(
     `sentence_end_positions` says; `</s>` and padding are not part of any sentence."""
     eos = source.new_tensor([eos_token_id])
     size = control.window_sentences
+    batch_ends = sentence_end_positions(  # (B, S): padding and </s> never continue a word
+        source, control.sentence_end_token_ids, control.continuation_token_ids
+    )
     windows, owners = [], []
-    for row, (ids, keep) in enumerate(zip(source, mask.bool(), strict=True)):
-        tokens = ids[keep & (ids != eos_token_id)]  # (n,)
-        ends = sentence_end_positions(tokens, control.sentence_end_token_ids, control.continuation_token_ids)
-        cuts = (ends.nonzero().flatten() + 1).tolist()  # after each sentence end
+    for row, (ids, keep, ends) in enumerate(zip(source, mask.bool(), batch_ends, strict=True)):
+        real = keep & (ids != eos_token_id)
+        tokens = ids[real]  # (n,)
+        cuts = (ends[real].nonzero().flatten() + 1).tolist()  # after each sentence end
         bounds = [0, *(cut for cut in cuts if cut < len(tokens)), len(tokens)]
         for index, start in enumerate(bounds[:-1:size]):
             stop = bounds[min(index * size + size, len(bounds) - 1)]
