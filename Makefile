@@ -59,12 +59,14 @@ train-stock: install
 compare: install
 	$(PY) -m study --readme README.md $(ARGS)
 
-## The test suite CI runs (slow end-to-end runs excluded)
+## The test suite CI runs (slow end-to-end runs excluded), in TEST_WORKERS processes (pytest-xdist; each test
+## file in one of them, as tests/conftest.py orders the files)
+TEST_WORKERS ?= 2
 test: install $(TRANSFORMERS_SRC)/.unpacked
-	$(PY) -m pytest -q -m "not slow" tests
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadscope -m "not slow" tests
 
 test-all: install $(TRANSFORMERS_SRC)/.unpacked
-	$(PY) -m pytest -q tests
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadscope tests
 
 lint: install
 	$(VENV)/bin/ruff check hf_posenc train_scripts tests benchmarks study tools

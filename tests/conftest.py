@@ -12,7 +12,22 @@ import torch
 from hf_posenc.pipeline.data.files import DATA_ROOT_VARIABLE, data_root
 from tests.helpers import EOS, PAD, REFERENCES, REPO, SOURCES, TINY_FIELDS, VOCAB
 
-torch.set_num_threads(int(os.environ.get("HF_POSENC_TEST_THREADS", "2")))
+# Torch threads per test process: $HF_POSENC_TEST_THREADS, else 2 shared among `make test`'s workers (pytest-xdist
+# sets PYTEST_XDIST_WORKER_COUNT in each): the tiny models gain nothing from a second thread, the workers do.
+WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+torch.set_num_threads(int(os.environ.get("HF_POSENC_TEST_THREADS", max(1, 2 // WORKERS))))
+
+# The test files that run for a minute or more (installs, trainings, whole test sets), started first: `make test`
+# hands each file to one worker in the order collected, so a long file collected last would run on alone.
+LONG_FILES = (
+    "packaging/test_wheel.py",
+    "pipeline/evaluation/test_command.py",
+    "pipeline/training/test_fine_tuning.py",
+    "study/test_compare.py",
+    "pipeline/training/test_multiprocess.py",
+    "model/test_conformance.py",
+    "pipeline/training/test_run.py",
+)
 
 # The shipped data: $HF_POSENC_DATA, else ../shared/data beside the checkout (set here for the tests' own
 # subprocesses too, as the Makefile sets it for its commands).
@@ -237,3 +252,13 @@ def hub(monkeypatch):
 
     monkeypatch.setattr(huggingface_hub, "HfApi", api)
     return recorder
+
+
+def pytest_collection_modifyitems(items):
+    """`LONG_FILES` first, in their order; the rest as collected."""
+
+    def rank(item) -> int:
+        path = item.path.as_posix()
+        return next((index for index, name in enumerate(LONG_FILES) if path.endswith(name)), len(LONG_FILES))
+
+    items.sort(key=rank)  # stable: the order within a file stays
