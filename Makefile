@@ -60,13 +60,13 @@ compare: install
 	$(PY) -m study --readme README.md $(ARGS)
 
 ## The test suite CI runs (slow end-to-end runs excluded), in TEST_WORKERS processes (pytest-xdist; each test
-## file in one of them, as tests/conftest.py orders the files)
+## file (or class) in one of them, in the order tests/conftest.py gives the files: the long ones first)
 TEST_WORKERS ?= 2
 test: install $(TRANSFORMERS_SRC)/.unpacked
-	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadscope -m "not slow" tests
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadscope --no-loadscope-reorder -m "not slow" tests
 
 test-all: install $(TRANSFORMERS_SRC)/.unpacked
-	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadscope tests
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadscope --no-loadscope-reorder tests
 
 lint: install
 	$(VENV)/bin/ruff check hf_posenc train_scripts tests benchmarks study tools
