@@ -177,7 +177,8 @@ def test_degenerate_output_fails_the_default_job_but_is_written_and_marked(multi
 
 
 def test_missing_data_folder_is_reported_with_the_file_it_looked_for(tmp_path):
-    output = ["--output_dir", str(tmp_path / "run")]  # not the default under outputs/, which `make train` fills
+    # its own folder: the default one under outputs/ may hold a run of `make train`
+    output = ["--output_dir", str(tmp_path / "run")]
     with pytest.raises(FileNotFoundError, match=r"no file train\.en\[\.gz\] in"):
         run.main(["--data_dir", str(tmp_path), "--max_steps", "1", *output])
 
