@@ -17,8 +17,8 @@ from tests.helpers import EOS, PAD, REFERENCES, REPO, SOURCES, TINY_FIELDS, VOCA
 WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
 torch.set_num_threads(int(os.environ.get("HF_POSENC_TEST_THREADS", max(1, 2 // WORKERS))))
 
-# The test files that run for a minute or more (installs, trainings, whole test sets), started first: `make test`
-# hands each file to one worker in the order collected, so a long file collected last would run on alone.
+# The test files that take longest (installs, trainings, the conformance suite), started first: `make test` hands
+# each file to one worker in the order collected, so a long file collected last would run on alone.
 LONG_FILES = (
     "packaging/test_wheel.py",
     "pipeline/evaluation/test_command.py",
