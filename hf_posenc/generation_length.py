@@ -257,10 +257,11 @@ def per_row(values: torch.Tensor, rows: int) -> torch.Tensor:
 
 
 class SourceTiedEosBlock(LogitsProcessor):
-    """Bans `</s>` in the rows where `blocked(hypotheses)` holds, unless `</s>` is the row's only finite token."""
+    """Bans `</s>` in the rows where `blocked(hypotheses)` holds, unless `</s>` is the row's only finite token. Its
+    id tensors are made on `device`, the decoding device, once (none is copied at a step)."""
 
-    def __init__(self, eos_token_ids: list[int], prompt_length: int):
-        self.eos_token_ids = torch.tensor(eos_token_ids, dtype=torch.long)
+    def __init__(self, eos_token_ids: list[int], prompt_length: int, device=None):
+        self.eos_token_ids = torch.tensor(eos_token_ids, dtype=torch.long, device=device)
         self.prompt_length = prompt_length
 
     per_example = "min_lengths"  # the attribute holding one value per example, (B,)
@@ -274,9 +275,8 @@ class SourceTiedEosBlock(LogitsProcessor):
         setattr(self, self.per_example, values[examples.to(values.device)])
 
     def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
-        eos = self.eos_token_ids.to(scores.device)
         is_eos = torch.zeros(scores.shape[-1], dtype=torch.bool, device=scores.device)
-        is_eos[eos] = True  # (V,)
+        is_eos[self.eos_token_ids] = True  # (V,)
         has_other = torch.isfinite(scores.masked_fill(is_eos, -math.inf)).any(-1)  # (rows,)
         ban = self.blocked(input_ids[:, self.prompt_length :]) & has_other  # (rows,)
         return scores.masked_fill(ban[:, None] & is_eos, -math.inf)  # (rows, V)
@@ -287,12 +287,14 @@ class MinLengthRatioLogitsProcessor(SourceTiedEosBlock):
     ⌈r·|x|⌉ from `min_length_ratio`. transformers' `MinNewTokensLengthLogitsProcessor` takes one number for the
     batch; this takes one per example."""
 
-    def __init__(self, min_lengths: torch.LongTensor, eos_token_ids: list[int], prompt_length: int):
-        super().__init__(eos_token_ids, prompt_length)
-        self.min_lengths = min_lengths  # (B,)
+    def __init__(
+        self, min_lengths: torch.LongTensor, eos_token_ids: list[int], prompt_length: int, device=None
+    ):
+        super().__init__(eos_token_ids, prompt_length, device)
+        self.min_lengths = min_lengths  # (B,), on `device`
 
     def blocked(self, hypotheses):
-        minimum = per_row(self.min_lengths.to(hypotheses.device), hypotheses.shape[0])  # (rows,)
+        minimum = per_row(self.min_lengths, hypotheses.shape[0])  # (rows,)
         return hypotheses.shape[-1] + 1 < minimum  # the hypothesis with </s> would be too short
 
 
@@ -309,35 +311,35 @@ class SentenceCountLogitsProcessor(SourceTiedEosBlock):
         eos_token_ids,
         prompt_length: int,
         continuation_token_ids=None,
+        device=None,
     ):
-        super().__init__(eos_token_ids, prompt_length)
-        self.source_counts = source_counts  # (B,)
-        self.sentence_end_token_ids = torch.tensor(sentence_end_token_ids, dtype=torch.long)
-        self.continuation_token_ids = torch.tensor(continuation_token_ids or [], dtype=torch.long)
+        super().__init__(eos_token_ids, prompt_length, device)
+        self.source_counts = source_counts  # (B,), on `device`
+        self.sentence_end_token_ids = torch.tensor(sentence_end_token_ids, dtype=torch.long, device=device)
+        self.continuation_token_ids = torch.tensor(
+            continuation_token_ids or [], dtype=torch.long, device=device
+        )
 
     def blocked(self, hypotheses):
-        if self.sentence_end_token_ids.device != hypotheses.device:  # once, not a copy per step
-            self.sentence_end_token_ids = self.sentence_end_token_ids.to(hypotheses.device)
-            self.continuation_token_ids = self.continuation_token_ids.to(hypotheses.device)
         ends = sentence_end_positions(
             hypotheses, self.sentence_end_token_ids, self.continuation_token_ids
         ).sum(-1)  # (rows,)
-        return ends < per_row(self.source_counts.to(hypotheses.device), hypotheses.shape[0])
+        return ends < per_row(self.source_counts, hypotheses.shape[0])
 
 
 class WordRewardLogitsProcessor(LogitsProcessor):
     """Adds `reward` to the score of every token but `</s>` (He et al. 2016; Murray & Chiang 2018)."""
 
-    def __init__(self, reward: float, eos_token_ids: list[int]):
+    def __init__(self, reward: float, eos_token_ids: list[int], device=None):
         self.reward = reward
-        self.eos_token_ids = torch.tensor(eos_token_ids, dtype=torch.long)
+        self.eos_token_ids = torch.tensor(eos_token_ids, dtype=torch.long, device=device)
 
     def keep_examples(self, examples: torch.LongTensor) -> None:
         """Nothing per example (the fast loop's compaction)."""
 
     def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
         bonus = torch.full(scores.shape[-1:], self.reward, dtype=scores.dtype, device=scores.device)  # (V,)
-        bonus[self.eos_token_ids.to(scores.device)] = 0
+        bonus[self.eos_token_ids] = 0
         return scores + bonus
 
 
@@ -349,13 +351,15 @@ def length_control_processors(
     prompt_length: int,
 ) -> LogitsProcessorList:
     """The processors of `control` for a batch of sources (B, S) with their mask (B, S) (1: a token, 0: padding);
-    `prompt_length` decoder tokens precede each hypothesis (the start token)."""
+    `prompt_length` decoder tokens precede each hypothesis (the start token). The processors hold their values on
+    the sources' device."""
     processors = LogitsProcessorList()
+    device = source_ids.device
     mask = source_mask.bool()
     if control.min_length_ratio is not None and eos_token_ids:
         lengths = mask.sum(-1)  # (B,)
         minimum = torch.ceil(lengths.double() * control.min_length_ratio).long()  # (B,)
-        processors.append(MinLengthRatioLogitsProcessor(minimum, eos_token_ids, prompt_length))
+        processors.append(MinLengthRatioLogitsProcessor(minimum, eos_token_ids, prompt_length, device))
     if control.match_source_sentence_count and eos_token_ids:
         ends = sentence_end_positions(
             source_ids, control.sentence_end_token_ids, control.continuation_token_ids
@@ -368,10 +372,11 @@ def length_control_processors(
                 eos_token_ids,
                 prompt_length,
                 control.continuation_token_ids,
+                device,
             )
         )
     if control.word_reward is not None:
-        processors.append(WordRewardLogitsProcessor(control.word_reward, eos_token_ids))
+        processors.append(WordRewardLogitsProcessor(control.word_reward, eos_token_ids, device))
     return processors
 
 
