@@ -6,7 +6,8 @@ hits every arm alike.
     python -m benchmarks.train_throughput --arms default compile --max_steps 300 -- --recipe multi30k-en-de-small
 
 Arms (`ARMS`): `default` is train.py as it is; `before` is the training step before label smoothing was computed
-by torch's cross_entropy (transformers' `LabelSmoother`); `buckets` pads the batches to the length buckets a
+by torch's cross_entropy (transformers' `LabelSmoother`) and before the CPU dropout's packed draws (torch's
+dropout, `hf_posenc.base.PACKED_CPU_DROPOUT` off during its turns); `buckets` pads the batches to the length buckets a
 compiled run uses; `compile` trains under `torch.compile` (with those buckets); `adamw` steps with torch's plain
 AdamW instead of the fused one. Flags after `--` are train.py's, for every arm (default: the default recipe with a
 fixed schedule, no time budget, no checkpoints).
@@ -30,11 +31,12 @@ import torch
 from transformers import TrainerCallback
 from transformers.trainer_pt_utils import LabelSmoother
 
+from hf_posenc import base
 from hf_posenc.pipeline.training import run
 from hf_posenc.pipeline.training.arguments import COMPILE_LENGTH_BUCKETS, parse_args
 from hf_posenc.pipeline.training.hardware import busy_share, describe_hardware, keep_freed_memory
 
-# Arm name -> (train.py flags, whether it computes label smoothing with transformers' LabelSmoother).
+# Arm name -> (train.py flags, whether it trains the step before: transformers' LabelSmoother, torch's dropout).
 ARMS = {
     "before": ([], True),
     "default": ([], False),
@@ -78,11 +80,13 @@ class ArmClock(TrainerCallback):
     name: str
     turns: Turns
     every: int
+    packed_dropout: bool = True
     seconds: list[float] = field(default_factory=list)
     held_since: float = 0.0
 
     def take(self) -> None:
         self.turns.wait(self.name)
+        base.PACKED_CPU_DROPOUT = self.packed_dropout  # one arm computes at a time
         self.held_since = time.perf_counter()
 
     def release(self, leave: bool = False) -> None:
@@ -114,14 +118,14 @@ class Arm:
 
 def build_arm(name: str, flags: list[str], data, turns: Turns, every: int, output_root: str) -> Arm:
     """The arm's Trainer as train.py builds it (model from the same seed, precision and attention probed)."""
-    arm_flags, transformers_smoother = ARMS[name]
+    arm_flags, before = ARMS[name]
     args = parse_args([*BASE_FLAGS, *flags, *arm_flags, "--output_dir", f"{output_root}/{name}"])
     model, precision, _ = run.build_model(args, data)
     training = run.trainer_arguments(args, precision)
     trainer, *_ = run.build_trainer(args, model, data, training, precision)
-    if transformers_smoother and trainer.label_smoother is not None:
+    if before and trainer.label_smoother is not None:
         trainer.label_smoother = LabelSmoother(epsilon=trainer.label_smoother.epsilon)
-    arm = Arm(name, args, trainer, ArmClock(name, turns, every), precision)
+    arm = Arm(name, args, trainer, ArmClock(name, turns, every, packed_dropout=not before), precision)
     trainer.add_callback(arm.clock)
     return arm
 
@@ -185,10 +189,12 @@ def main(argv=None) -> list[Arm]:
     if arms[0].args.run.cpu_memory == "reuse":
         keep_freed_memory("cpu")  # as train.py does
     threads = [threading.Thread(target=train_arm, args=(arm,), name=arm.name) for arm in arms]
+    packed = base.PACKED_CPU_DROPOUT
     for thread in threads:
         thread.start()
     for thread in threads:
         thread.join()
+    base.PACKED_CPU_DROPOUT = packed  # as the arms found it
     for arm in arms:
         if arm.error is not None:
             raise arm.error

@@ -27,6 +27,7 @@ from .base import (
     PositionContext,
     TokenMixer,
     additive_mask,
+    apply_dropout,
     causal_mask,
 )
 from .mixer_base import GeluGating, cached_cross_attention_states, update_site_cache
@@ -65,7 +66,7 @@ def eager_attention(module, query, key, value, attention_mask, scaling, dropout=
         else:
             scores = scores + attention_mask
     weights = nn.functional.softmax(scores, dim=-1)
-    weights = nn.functional.dropout(weights, p=dropout, training=module.training)
+    weights = apply_dropout(weights, p=dropout, training=module.training)
     output = torch.matmul(weights, value).transpose(1, 2).contiguous()  # (B, q, H, Dh)
     return output, weights
 

@@ -14,6 +14,7 @@ from .base import (
     PositionPanel,
     TokenMixer,
     all_positions_context,
+    apply_dropout,
     causal_mask,
 )
 
@@ -139,7 +140,7 @@ class ValueMixer(TokenMixer):
         weights = self.mixing_weights_for(
             hidden_states, attention_mask, context, value.dtype
         )  # (B|1, H|1, q, k)
-        weights = nn.functional.dropout(weights, p=self.dropout, training=self.training)
+        weights = apply_dropout(weights, p=self.dropout, training=self.training)
         output = torch.matmul(weights, value).transpose(1, 2)  # (B, q, H, Dh)
         output = output.reshape(*hidden_states.shape[:-1], -1)  # (B, q, D)
         if self.gating is not None:

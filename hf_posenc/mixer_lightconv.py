@@ -5,7 +5,14 @@ import torch
 from torch import nn
 from transformers import initialization as init
 
-from .base import DECODER_SELF_ATTENTION, ENCODER_SELF_ATTENTION, PAPER_2, Hyperparameter, additive_mask
+from .base import (
+    DECODER_SELF_ATTENTION,
+    ENCODER_SELF_ATTENTION,
+    PAPER_2,
+    Hyperparameter,
+    additive_mask,
+    apply_dropout,
+)
 from .mixer_base import PositionMixer, zero_disallowed
 
 GATINGS = ("glu", "none", "gelu")
@@ -101,7 +108,7 @@ class LightConv(PositionMixer):
         if self.global_context:
             return self.global_weights(tap, attention_mask, context, dtype)
         kernel = torch.softmax(self.kernel, dim=-1)
-        kernel = nn.functional.dropout(kernel, p=self.weight_dropout, training=self.training)  # (H, 2K+1)
+        kernel = apply_dropout(kernel, p=self.weight_dropout, training=self.training)  # (H, 2K+1)
         inside = (tap >= 0) & (tap <= 2 * self.kernel_radius)
         weights = kernel[:, tap.clamp(0, 2 * self.kernel_radius)].transpose(0, 1)  # (B|1, H, q, k)
         weights = weights.masked_fill(~inside[:, None], 0.0).to(dtype)
@@ -112,4 +119,4 @@ class LightConv(PositionMixer):
         clipped = tap.clamp(0, 2 * self.kernel_radius)  # far keys take the outermost tap on their side
         logits = self.kernel[:, clipped].transpose(0, 1).to(dtype)  # (B|1, H, q, k)
         weights = torch.softmax(additive_mask(attention_mask, logits, context, self.is_causal), dim=-1)
-        return nn.functional.dropout(weights, p=self.weight_dropout, training=self.training)
+        return apply_dropout(weights, p=self.weight_dropout, training=self.training)

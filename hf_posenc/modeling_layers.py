@@ -14,6 +14,7 @@ from .base import (
     DECODER_SELF_ATTENTION,
     ENCODER_SELF_ATTENTION,
     PositionContext,
+    apply_dropout,
     with_score_mask,
 )
 from .configuration_marian_posenc import MarianPosEncConfig
@@ -34,11 +35,11 @@ class MarianPosEncLayer(GradientCheckpointingLayer):
 
     def residual_norm(self, hidden_states, update, norm: nn.LayerNorm):
         """Post-norm residual: LN(x + dropout(update))."""
-        return norm(hidden_states + nn.functional.dropout(update, p=self.dropout, training=self.training))
+        return norm(hidden_states + apply_dropout(update, p=self.dropout, training=self.training))
 
     def feed_forward(self, hidden_states):
         update = self.activation_fn(self.fc1(hidden_states))
-        update = nn.functional.dropout(update, p=self.activation_dropout, training=self.training)
+        update = apply_dropout(update, p=self.activation_dropout, training=self.training)
         return self.residual_norm(hidden_states, self.fc2(update), self.final_layer_norm)
 
 

@@ -45,6 +45,7 @@ from .base import (
     PositionContext,
     PositionEncoding,
     TokenMixer,
+    apply_dropout,
     positions_from_padding_mask,
     stack_score_mask,
 )
@@ -258,7 +259,7 @@ class MarianPosEncEncoder(MarianPosEncStack):
             context.query_order = context.key_order = sentences.order
         hidden_states = self.position_encoding.embed(inputs_embeds, context, attention_mask, None)
         hidden_states = self.embed_sentences(hidden_states, sentences, length - 1)
-        hidden_states = nn.functional.dropout(hidden_states, p=self.dropout, training=self.training)
+        hidden_states = apply_dropout(hidden_states, p=self.dropout, training=self.training)
 
         mask = create_bidirectional_mask(
             config=self.config, inputs_embeds=inputs_embeds, attention_mask=attention_mask
@@ -396,7 +397,7 @@ class MarianPosEncDecoder(MarianPosEncStack):
         score_mask = stack_score_mask(self.position_encoding, causal_mask, self_context, is_causal=True)
         hidden_states = self.position_encoding.embed(inputs_embeds, self_context, None, past_key_values)
         hidden_states = self.embed_sentences(hidden_states, sentences, past_length + query_length - 1)
-        hidden_states = nn.functional.dropout(hidden_states, p=self.dropout, training=self.training)
+        hidden_states = apply_dropout(hidden_states, p=self.dropout, training=self.training)
         hidden_states, all_hidden_states, (all_self_attentions, all_cross_attentions) = self.run_layers(
             hidden_states,
             (causal_mask, score_mask, encoder_hidden_states, cross_mask, self_context, cross_context),

@@ -42,6 +42,7 @@ from .base import (
     PositionContext,
     PositionEncoding,
     PositionPanel,
+    apply_dropout,
     check_max_positions,
     cosine_similarity_matrix,
 )
@@ -187,7 +188,7 @@ class PositionalKernelNetwork(nn.Module):
             projected, self.kernels, context.query_positions, context.query_span
         ).squeeze(2)
         update = self.activation(kernelled) @ self.up  # (B, L, D)
-        return inputs + nn.functional.dropout(update, p=self.dropout, training=self.training)
+        return inputs + apply_dropout(update, p=self.dropout, training=self.training)
 
 
 class PosNetEmbedding(PositionEncoding):
@@ -410,7 +411,7 @@ class PosNetAttention(PositionEncoding):
         kernelled = kernel_product_of_values(
             value, kernels, value_positions, value_span
         )  # (B, H, k_new, d_k)
-        update = nn.functional.dropout(self.activation(kernelled), p=self.dropout, training=self.training)
+        update = apply_dropout(self.activation(kernelled), p=self.dropout, training=self.training)
         return value + update  # (B, H, k_new, d_k)
 
     def position_panels(self, positions):

@@ -34,6 +34,7 @@ from .base import (
     PositionContext,
     PositionEncoding,
     PositionPanel,
+    apply_dropout,
     causal_mask,
     cosine_similarity_matrix,
     full_precision,
@@ -240,7 +241,7 @@ def shaw_attention_autograd(query, key, value, key_table, value_table, distances
     dropped-out weights of every layer for backward, as an eager attention that returns its weights does."""
     index = distances.index.expand(*query.shape[:3], key.shape[2])  # (B, H, q, k)
     weights = torch.softmax(shaw_scores(query, key, key_table, index, mask, scaling), dim=-1)
-    weights = nn.functional.dropout(weights, p=dropout, training=dropout > 0).to(value.dtype)  # (B, H, q, k)
+    weights = apply_dropout(weights, p=dropout, training=dropout > 0).to(value.dtype)  # (B, H, q, k)
     output = torch.matmul(weights, value) + torch.matmul(distances.sum_per_distance(weights), value_table)
     return output, weights  # Eq. 3
 
@@ -562,7 +563,7 @@ class AdaptiveT5PositionEncoding(DistanceBias, PositionEncoding):
             soft_bucket[..., None] * self.hidden1_weight[table, :, :, None]
             + self.hidden1_bias[table, :, :, None]
         )  # (dirs, H, R, l1)
-        hidden = nn.functional.dropout(hidden, p=self.dropout, training=self.training)
+        hidden = apply_dropout(hidden, p=self.dropout, training=self.training)
         hidden = torch.sigmoid(
             torch.matmul(hidden, self.hidden2_weight[table]) + self.hidden2_bias[table, :, :, None]
         )  # (dirs, H, R, l2)
