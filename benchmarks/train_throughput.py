@@ -7,10 +7,10 @@ hits every arm alike.
 
 Arms (`ARMS`): `default` is train.py as it is; `before` is the training step before label smoothing was computed
 by torch's cross_entropy (transformers' `LabelSmoother`) and before the CPU dropout's packed draws (torch's
-dropout, `hf_posenc.base.PACKED_CPU_DROPOUT` off during its turns); `buckets` pads the batches to the length buckets a
-compiled run uses; `compile` trains under `torch.compile` (with those buckets); `adamw` steps with torch's plain
-AdamW instead of the fused one. Flags after `--` are train.py's, for every arm (default: the default recipe with a
-fixed schedule, no time budget, no checkpoints).
+dropout: `hf_posenc.base.PACKED_CPU_DROPOUT` off during its turns); `buckets` pads the batches to the length
+buckets a compiled run uses; `compile` trains under `torch.compile` (with those buckets); `adamw` steps with
+torch's plain AdamW instead of the fused one. Flags after `--` are train.py's, for every arm (default: the
+default recipe with a fixed schedule, no time budget, no checkpoints).
 
 Each arm trains in a thread of its own; a callback hands the turn to the next arm every `--turn` updates, and an arm
 computes only while it holds the turn, so each arm's clock counts its own work: target tokens/s is the label tokens
