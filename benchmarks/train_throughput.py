@@ -12,7 +12,8 @@ buckets a compiled run uses; `compile` trains under `torch.compile` (with those 
 torch's plain AdamW instead of the fused one. Flags after `--` are train.py's, for every arm (default: the
 default recipe with a fixed schedule, no time budget, no checkpoints).
 
-Each arm trains in a thread of its own; a callback hands the turn to the next arm every `--turn` updates, and an arm
+Each arm trains in a thread of its own (where a step runs slower than in the main thread: the ratios understate
+a speed-up; docs/training.md); a callback hands the turn to the next arm every `--turn` updates, and an arm
 computes only while it holds the turn, so each arm's clock counts its own work: target tokens/s is the label tokens
 it trained on over its own seconds. The first turn of a compiled arm holds its compilation, which the table shows
 apart. With `--evaluate` every arm's model is decoded on the test set and scored, as train.py does (BLEU at the same
