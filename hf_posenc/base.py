@@ -169,7 +169,8 @@ PACKED_CPU_DROPOUT = True
 
 
 def apply_dropout(hidden: torch.Tensor, p: float, training: bool) -> torch.Tensor:
-    """`nn.functional.dropout` of every module, with its mask drawn faster on the CPU in eager mode.
+    """`nn.functional.dropout` of every module, with its mask drawn faster on the CPU in eager mode (only the
+    attention weights' dropout inside transformers' SDPA kernel stays the kernel's).
 
     torch's CPU dropout draws one Bernoulli sample per element from its generator, serially: 0.7 ms for a
     (39, 16, 256) activation on an AMD EPYC, a fifth of the default recipe's update (docs/training.md). Here
