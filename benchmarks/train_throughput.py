@@ -1,31 +1,32 @@
-"""Training throughput of train.py's training stage, A/B in one process: several arms, each a full `Trainer.train()`
-of the same recipe, data and initial weights, take turns every few updates, so that load on a shared machine
-hits every arm alike.
+"""Training throughput of train.py's training stage, A/B: several arms, each a full `Trainer.train()` of the same
+recipe, data and initial weights in a process of its own, take turns every few updates, so that load on a shared
+machine hits every arm alike.
 
     python -m benchmarks.train_throughput --arms before default --max_steps 300 --threads 2
     python -m benchmarks.train_throughput --arms default compile --max_steps 300 -- --recipe multi30k-en-de-small
 
 Arms (`ARMS`): `default` is train.py as it is; `before` is the training step before label smoothing was computed
 by torch's cross_entropy (transformers' `LabelSmoother`) and before the CPU dropout's packed draws (torch's
-dropout: `hf_posenc.base.PACKED_CPU_DROPOUT` off during its turns); `buckets` pads the batches to the length
+dropout: `hf_posenc.base.PACKED_CPU_DROPOUT` off in its process); `buckets` pads the batches to the length
 buckets a compiled run uses; `compile` trains under `torch.compile` (with those buckets); `adamw` steps with
 torch's plain AdamW instead of the fused one. Flags after `--` are train.py's, for every arm (default: the
 default recipe with a fixed schedule, no time budget, no checkpoints).
 
-Each arm trains in a thread of its own (where a step runs slower than in the main thread: the ratios understate
-a speed-up; docs/training.md); a callback hands the turn to the next arm every `--turn` updates, and an arm
-computes only while it holds the turn, so each arm's clock counts its own work: target tokens/s is the label tokens
-it trained on over its own seconds. The first turn of a compiled arm holds its compilation, which the table shows
-apart. With `--evaluate` every arm's model is decoded on the test set and scored, as train.py does (BLEU at the same
-number of updates). The arms share torch's random number generator, so their dropout masks differ from those of
-separate runs: their losses agree in distribution, not bit for bit.
+Each arm trains in the main thread of a process of its own (spawned: a training step in another thread of a
+process ran 1.5x slower, docs/training.md), once every arm is built; a callback hands the turn to the next arm
+every `--turn` updates, and an arm computes only while it holds the turn, so each arm's clock counts its own work:
+target tokens/s is the label tokens it trained on over its own seconds. The first turn of a compiled arm holds its
+compilation, which the table shows apart. With `--evaluate` every arm's model is decoded on the test set and
+scored once all have trained, as train.py does (BLEU at the same number of updates). Each arm draws from its own
+generator with the run's seed, as a separate run would.
 """
 
 import argparse
 import logging
+import multiprocessing
 import statistics
-import threading
 import time
+import traceback
 from dataclasses import dataclass, field
 
 import torch
@@ -51,25 +52,24 @@ BASE_FLAGS += ["--average_last", "0", "--logging_steps", "50", "--disable_tqdm",
 
 
 class Turns:
-    """Round-robin turns among named arms; an arm that finishes leaves the round."""
+    """Round-robin turns among the arms' processes, by index; an arm that finishes leaves the round."""
 
-    def __init__(self, names: list[str]):
-        self.order = list(names)
-        self.current = 0
-        self.condition = threading.Condition()
+    def __init__(self, count: int, context):
+        self.active = context.Array("b", [1] * count, lock=False)  # (arms,) 1 while an arm is in the round
+        self.current = context.Value("i", 0, lock=False)  # the index holding the turn, -1 once all have left
+        self.condition = context.Condition()
 
-    def wait(self, name: str) -> None:
+    def wait(self, index: int) -> None:
         with self.condition:
-            self.condition.wait_for(lambda: self.order[self.current] == name)
+            self.condition.wait_for(lambda: self.current.value == index)
 
-    def hand_on(self, name: str, leave: bool = False) -> None:
+    def hand_on(self, index: int, leave: bool = False) -> None:
         with self.condition:
-            index = self.order.index(name)
             if leave:
-                self.order.pop(index)
-                self.current = index % len(self.order) if self.order else 0
-            else:
-                self.current = (index + 1) % len(self.order)
+                self.active[index] = 0
+            count = len(self.active)
+            following = [(index + step) % count for step in range(1, count + 1)]  # the others, then itself
+            self.current.value = next((i for i in following if self.active[i]), -1)
             self.condition.notify_all()
 
 
@@ -78,21 +78,19 @@ class ArmClock(TrainerCallback):
     """Takes the arm's turn when training begins, hands it on every `every` updates and at the end, and adds up
     the seconds the arm held it (the first turn, which holds any compilation, apart)."""
 
-    name: str
+    index: int
     turns: Turns
     every: int
-    packed_dropout: bool = True
     seconds: list[float] = field(default_factory=list)
     held_since: float = 0.0
 
     def take(self) -> None:
-        self.turns.wait(self.name)
-        base.PACKED_CPU_DROPOUT = self.packed_dropout  # one arm computes at a time
+        self.turns.wait(self.index)
         self.held_since = time.perf_counter()
 
     def release(self, leave: bool = False) -> None:
         self.seconds.append(time.perf_counter() - self.held_since)
-        self.turns.hand_on(self.name, leave)
+        self.turns.hand_on(self.index, leave)
 
     def on_train_begin(self, args, state, control, **kwargs):
         self.take()
@@ -107,17 +105,17 @@ class ArmClock(TrainerCallback):
 
 
 @dataclass
-class Arm:
-    name: str
-    args: object
-    trainer: object
-    clock: ArmClock
-    precision: object
-    scores: dict | None = None
-    error: BaseException | None = None
+class Rendezvous:
+    """What the arms' processes share: the turns, a barrier before training and one before decoding, and the
+    queue their summaries come back on."""
+
+    turns: Turns
+    built: object
+    trained: object
+    results: object
 
 
-def build_arm(name: str, flags: list[str], data, turns: Turns, every: int, output_root: str) -> Arm:
+def build_arm(name: str, flags: list[str], data, output_root: str):
     """The arm's Trainer as train.py builds it (model from the same seed, precision and attention probed)."""
     arm_flags, before = ARMS[name]
     args = parse_args([*BASE_FLAGS, *flags, *arm_flags, "--output_dir", f"{output_root}/{name}"])
@@ -126,21 +124,48 @@ def build_arm(name: str, flags: list[str], data, turns: Turns, every: int, outpu
     trainer, *_ = run.build_trainer(args, model, data, training, precision)
     if before and trainer.label_smoother is not None:
         trainer.label_smoother = LabelSmoother(epsilon=trainer.label_smoother.epsilon)
-    arm = Arm(name, args, trainer, ArmClock(name, turns, every, packed_dropout=not before), precision)
-    trainer.add_callback(arm.clock)
-    return arm
+    base.PACKED_CPU_DROPOUT = not before
+    return args, trainer, precision
 
 
-def train_arm(arm: Arm) -> None:
+def train_arm(index: int, name: str, flags: list[str], options, meet: Rendezvous) -> None:
+    """One arm, in its process: built, trained in turns once every arm is built, decoded once every arm has
+    trained (with --evaluate); its summary, or its error, goes on the results queue."""
+    torch.set_num_threads(options.threads)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    summary = {"name": name}
     try:
-        arm.trainer.train()
-    except BaseException as error:  # reported by the main thread; the other arms go on
-        arm.error = error
-        if arm.name in arm.clock.turns.order:
-            arm.clock.turns.hand_on(arm.name, leave=True)
+        data = run.prepare_data(parse_args([*BASE_FLAGS, *flags]))  # the tokenizer the parent cached
+        args, trainer, precision = build_arm(name, flags, data, options.output_root)
+        clock = ArmClock(index, meet.turns, options.turn)
+        trainer.add_callback(clock)
+        if args.run.cpu_memory == "reuse":
+            keep_freed_memory("cpu")  # as train.py does
+        meet.built.wait()
+        trainer.train()
+        summary |= {
+            "updates": trainer.state.global_step,
+            "target_tokens": trainer.target_tokens,
+            "seconds": clock.seconds,
+            "losses": [entry["loss"] for entry in trainer.state.log_history if "loss" in entry],
+            "label_smoother": type(trainer.label_smoother).__name__,
+            "length_buckets": trainer.length_buckets,
+            "packed_dropout": base.PACKED_CPU_DROPOUT,
+        }
+        meet.trained.wait()
+        if options.evaluate:
+            model, averaged = run.trained_model(args, trainer)
+            report = run.TrainingReport(trainer.state.global_step, 0.0, trainer.target_tokens, 0.0, None)
+            summary["scores"] = run.evaluate(args, model, data, precision, report, averaged).scores
+    except BaseException:  # reported by the parent; the other arms go on
+        summary["error"] = traceback.format_exc()
+        if meet.turns.active[index]:
+            meet.turns.hand_on(index, leave=True)
+        meet.built.abort(), meet.trained.abort()  # no arm waits for this one
+    meet.results.put(summary)
 
 
-def table(arms: list[Arm]) -> str:
+def table(arms: list[dict]) -> str:
     """Per arm: its updates, target tokens, seconds of its first turn and of the others, target tokens/s over all
     its turns and its ratio to the first arm's, and the median over turns 2.. of the first arm's seconds over this
     arm's in the same turn (the arms train the same batches in the same order, so a turn's ratio is a speed ratio,
@@ -150,21 +175,44 @@ def table(arms: list[Arm]) -> str:
         "ratio | final loss |",
         "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
-    speed = {arm.name: arm.trainer.target_tokens / sum(arm.clock.seconds) for arm in arms}
-    base = arms[0]
+    speed = {arm["name"]: arm["target_tokens"] / sum(arm["seconds"]) for arm in arms}
+    first = arms[0]
     for arm in arms:
-        losses = [entry["loss"] for entry in arm.trainer.state.log_history if "loss" in entry]
-        turns = [b / a for a, b in zip(arm.clock.seconds[1:], base.clock.seconds[1:], strict=False)]
+        seconds, losses = arm["seconds"], arm["losses"]
+        turns = [b / a for a, b in zip(seconds[1:], first["seconds"][1:], strict=False)]
         rows.append(
-            f"| {arm.name} | {arm.trainer.state.global_step} | {arm.trainer.target_tokens} | "
-            f"{arm.clock.seconds[0]:.1f} | {sum(arm.clock.seconds[1:]):.1f} | {speed[arm.name]:.0f} | "
-            f"{speed[arm.name] / speed[base.name]:.3f} | {statistics.median(turns) if turns else float('nan'):.3f} | "
+            f"| {arm['name']} | {arm['updates']} | {arm['target_tokens']} | {seconds[0]:.1f} | "
+            f"{sum(seconds[1:]):.1f} | {speed[arm['name']]:.0f} | {speed[arm['name']] / speed[first['name']]:.3f} | "
+            f"{statistics.median(turns) if turns else float('nan'):.3f} | "
             f"{losses[-1] if losses else float('nan'):.3f} |"
         )
     return "\n".join(rows)
 
 
-def main(argv=None) -> list[Arm]:
+def run_arms(options, flags: list[str]) -> list[dict]:
+    """Every arm in a spawned process of its own; their summaries in the order of `--arms`."""
+    context = multiprocessing.get_context("spawn")
+    count = len(options.arms)
+    meet = Rendezvous(Turns(count, context), context.Barrier(count), context.Barrier(count), context.Queue())
+    processes = [
+        context.Process(target=train_arm, args=(index, name, flags, options, meet), name=name)
+        for index, name in enumerate(options.arms)
+    ]
+    for process in processes:
+        process.start()
+    summaries = {}
+    while len(summaries) < count:
+        summary = meet.results.get()
+        summaries[summary["name"]] = summary
+    for process in processes:
+        process.join()
+    for summary in summaries.values():
+        if "error" in summary:
+            raise RuntimeError(f"arm {summary['name']} failed:\n{summary['error']}")
+    return [summaries[name] for name in options.arms]
+
+
+def main(argv=None) -> list[dict]:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -181,37 +229,21 @@ def main(argv=None) -> list[Arm]:
     flags = [flag for flag in flags if flag != "--"]
     if options.turn < 1 or options.threads < 1:
         parser.error(f"--turn={options.turn} and --threads={options.threads} must be at least 1")
+    if len(set(options.arms)) < len(options.arms):
+        parser.error(f"--arms {' '.join(options.arms)} names an arm twice")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
-    torch.set_num_threads(options.threads)
+    torch.set_num_threads(options.threads)  # as the arms run (the machine line says it)
     busy = busy_share()
-    data = run.prepare_data(parse_args([*BASE_FLAGS, *flags]))
-    turns = Turns(options.arms)
-    arms = [build_arm(name, flags, data, turns, options.turn, options.output_root) for name in options.arms]
-    if arms[0].args.run.cpu_memory == "reuse":
-        keep_freed_memory("cpu")  # as train.py does
-    threads = [threading.Thread(target=train_arm, args=(arm,), name=arm.name) for arm in arms]
-    packed = base.PACKED_CPU_DROPOUT
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    base.PACKED_CPU_DROPOUT = packed  # as the arms found it
-    for arm in arms:
-        if arm.error is not None:
-            raise arm.error
+    run.prepare_data(parse_args([*BASE_FLAGS, *flags]))  # learns and caches the tokenizer the arms load
+    arms = run_arms(options, flags)
     print(
         f"\n<!-- {describe_hardware('cpu').line()}; other work took {100 * busy:.0f}% of the CPU time at the start; "
         f"load average {open('/proc/loadavg').read().split()[0]} at the end; {options.turn} updates per turn -->"
     )
     print(table(arms))
-    if options.evaluate:
-        for arm in arms:
-            model, averaged = run.trained_model(arm.args, arm.trainer)
-            report = run.TrainingReport(
-                arm.trainer.state.global_step, 0.0, arm.trainer.target_tokens, 0.0, None
-            )
-            arm.scores = run.evaluate(arm.args, model, data, arm.precision, report, averaged).scores
-            print(f"{arm.name}: BLEU {arm.scores['bleu']:.2f}, chrF++ {arm.scores['chrf++']:.2f}")
+    for arm in arms:
+        if "scores" in arm:
+            print(f"{arm['name']}: BLEU {arm['scores']['bleu']:.2f}, chrF++ {arm['scores']['chrf++']:.2f}")
     return arms
 
 

@@ -1,11 +1,12 @@
 """Smoke test of the interleaved training A/B (benchmarks/train_throughput.py) on a seconds-long run: no timing is
-asserted, only that every arm trains the asked updates in turns, with its own Trainer, label smoother and dropout."""
+asserted, only that every arm trains the asked updates in turns, in its own process, with its own Trainer, label
+smoother and dropout."""
 
-from transformers.trainer_pt_utils import LabelSmoother
+import multiprocessing
 
-from benchmarks.train_throughput import ArmClock, Turns, main
-from hf_posenc import base
-from hf_posenc.pipeline.training.trainer import CrossEntropyLabelSmoother
+import pytest
+
+from benchmarks.train_throughput import Turns, main
 
 
 def test_the_arms_take_turns_and_each_trains_its_updates(tmp_path, tiny_run_flags, capsys):
@@ -14,15 +15,14 @@ def test_the_arms_take_turns_and_each_trains_its_updates(tmp_path, tiny_run_flag
         ["--arms", "before", "default", "buckets", "--turn", "2", "--threads", "1"]
         + ["--output_root", str(tmp_path), "--", *flags]
     )
-    assert [arm.name for arm in arms] == ["before", "default", "buckets"]
+    assert [arm["name"] for arm in arms] == ["before", "default", "buckets"]
     for arm in arms:
-        assert arm.trainer.state.global_step == 6 and len(arm.clock.seconds) == 3  # 3 turns of 2 updates
-    assert type(arms[0].trainer.label_smoother) is LabelSmoother
-    assert type(arms[1].trainer.label_smoother) is CrossEntropyLabelSmoother
-    # the step before trains with torch's dropout during its turns; the switch is left as the arms found it
-    assert [arm.clock.packed_dropout for arm in arms] == [False, True, True] and base.PACKED_CPU_DROPOUT
-    assert arms[2].trainer.length_buckets and arms[1].trainer.length_buckets is None
-    assert arms[0].trainer.target_tokens == arms[1].trainer.target_tokens == arms[2].trainer.target_tokens
+        assert arm["updates"] == 6 and len(arm["seconds"]) == 3  # 3 turns of 2 updates
+    assert [arm["label_smoother"] for arm in arms] == ["LabelSmoother", *["CrossEntropyLabelSmoother"] * 2]
+    # the step before trains with torch's dropout, in its own process
+    assert [arm["packed_dropout"] for arm in arms] == [False, True, True]
+    assert arms[2]["length_buckets"] and arms[1]["length_buckets"] is None
+    assert arms[0]["target_tokens"] == arms[1]["target_tokens"] == arms[2]["target_tokens"]
     printed = capsys.readouterr().out
     assert (
         "median turn ratio" in printed
@@ -33,17 +33,22 @@ def test_the_arms_take_turns_and_each_trains_its_updates(tmp_path, tiny_run_flag
 
 
 def test_turns_go_round_and_a_finished_arm_leaves_the_round():
-    turns = Turns(["a", "b", "c"])
-    turns.hand_on("a")
-    assert turns.order[turns.current] == "b"
-    turns.hand_on("b", leave=True)
-    assert turns.order == ["a", "c"] and turns.order[turns.current] == "c"
-    turns.hand_on("c")
-    assert turns.order[turns.current] == "a"
+    turns = Turns(3, multiprocessing.get_context("spawn"))
+    turns.hand_on(0)
+    assert turns.current.value == 1
+    turns.hand_on(1, leave=True)
+    assert list(turns.active) == [1, 0, 1] and turns.current.value == 2
+    turns.hand_on(2)
+    assert turns.current.value == 0
+    turns.hand_on(0, leave=True)
+    assert turns.current.value == 2  # the last arm in the round keeps the turn
+    turns.hand_on(2)
+    assert turns.current.value == 2
+    turns.hand_on(2, leave=True)
+    assert turns.current.value == -1
 
 
-def test_an_arm_s_turn_sets_its_dropout(monkeypatch):
-    monkeypatch.setattr(base, "PACKED_CPU_DROPOUT", True)
-    clock = ArmClock("before", Turns(["before"]), every=1, packed_dropout=False)
-    clock.take()
-    assert base.PACKED_CPU_DROPOUT is False
+def test_an_arm_named_twice_is_refused(capsys):
+    with pytest.raises(SystemExit):
+        main(["--arms", "default", "default"])
+    assert "names an arm twice" in capsys.readouterr().err
