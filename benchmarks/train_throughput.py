@@ -24,6 +24,7 @@ generator with the run's seed, as a separate run would.
 import argparse
 import logging
 import multiprocessing
+import queue
 import statistics
 import time
 import traceback
@@ -161,7 +162,8 @@ def train_arm(index: int, name: str, flags: list[str], options, meet: Rendezvous
         summary["error"] = traceback.format_exc()
         if meet.turns.active[index]:
             meet.turns.hand_on(index, leave=True)
-        meet.built.abort(), meet.trained.abort()  # no arm waits for this one
+        meet.built.abort()  # no arm waits for this one
+        meet.trained.abort()
     meet.results.put(summary)
 
 
@@ -189,6 +191,24 @@ def table(arms: list[dict]) -> str:
     return "\n".join(rows)
 
 
+def collect_summaries(results, processes, poll_seconds: float = 5.0) -> dict:
+    """Every arm's summary by name, as the arms put them on `results`. An arm whose process ended without one
+    (killed, crashed) would hold the others' turns forever: the arms are stopped and the error names it."""
+    summaries = {}
+    while len(summaries) < len(processes):
+        try:
+            summary = results.get(timeout=poll_seconds)
+        except queue.Empty:
+            dead = [f"{p.name} (exit code {p.exitcode})" for p in processes if p.exitcode not in (None, 0)]
+            if dead:
+                for process in processes:
+                    process.terminate()
+                raise RuntimeError(f"arm {', '.join(dead)} ended without its summary") from None
+            continue
+        summaries[summary["name"]] = summary
+    return summaries
+
+
 def run_arms(options, flags: list[str]) -> list[dict]:
     """Every arm in a spawned process of its own; their summaries in the order of `--arms`."""
     context = multiprocessing.get_context("spawn")
@@ -200,10 +220,7 @@ def run_arms(options, flags: list[str]) -> list[dict]:
     ]
     for process in processes:
         process.start()
-    summaries = {}
-    while len(summaries) < count:
-        summary = meet.results.get()
-        summaries[summary["name"]] = summary
+    summaries = collect_summaries(meet.results, processes)
     for process in processes:
         process.join()
     for summary in summaries.values():

@@ -6,7 +6,7 @@ import multiprocessing
 
 import pytest
 
-from benchmarks.train_throughput import Turns, main
+from benchmarks.train_throughput import Turns, collect_summaries, main
 
 
 def test_the_arms_take_turns_and_each_trains_its_updates(tmp_path, tiny_run_flags, capsys):
@@ -52,3 +52,19 @@ def test_an_arm_named_twice_is_refused(capsys):
     with pytest.raises(SystemExit):
         main(["--arms", "default", "default"])
     assert "names an arm twice" in capsys.readouterr().err
+
+
+def test_an_arm_that_dies_without_its_summary_stops_the_others():
+    class Arm:
+        def __init__(self, name, exitcode):
+            self.name, self.exitcode, self.terminated = name, exitcode, False
+
+        def terminate(self):
+            self.terminated = True
+
+    results = multiprocessing.get_context("spawn").Queue()
+    results.put({"name": "default"})
+    arms = [Arm("before", -9), Arm("default", None)]
+    with pytest.raises(RuntimeError, match=r"arm before \(exit code -9\) ended without its summary"):
+        collect_summaries(results, arms, poll_seconds=0.1)
+    assert all(arm.terminated for arm in arms)
