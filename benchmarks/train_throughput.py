@@ -158,11 +158,11 @@ def train_arm(index: int, name: str, flags: list[str], options, meet: Rendezvous
             model, averaged = run.trained_model(args, trainer)
             report = run.TrainingReport(trainer.state.global_step, 0.0, trainer.target_tokens, 0.0, None)
             summary["scores"] = run.evaluate(args, model, data, precision, report, averaged).scores
-    except BaseException:  # reported by the parent; the other arms go on
+    except BaseException:  # the parent reports it and fails the run; no arm is left waiting for this one
         summary["error"] = traceback.format_exc()
         if meet.turns.active[index]:
             meet.turns.hand_on(index, leave=True)
-        meet.built.abort()  # no arm waits for this one
+        meet.built.abort()
         meet.trained.abort()
     meet.results.put(summary)
 
