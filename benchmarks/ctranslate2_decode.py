@@ -1,5 +1,5 @@
 """Decoding speed and BLEU of `generate` against the fast loop (float32, int8) and the CTranslate2 exports (float32,
-int8), CPU.
+int8), on the CPU, or `generate` against the fast loop on a GPU (`--device cuda`).
 
 Translates the test set (Multi30k test_2016_flickr En->De by default, 1000 sentences) with the model's saved
 generation config (beam 4, length penalty 0.6, source length + 50) at 1 thread and at all cores: `generate`
@@ -12,9 +12,12 @@ intra_threads; one translation at a time). Reports sentences/s, the speed-up ove
 count in wall time and in the process's CPU time (which leaves out the time other jobs hold the cores: at one
 thread the two agree on a quiet machine), BLEU (sacreBLEU 13a) and how many lines equal `generate`'s, as a
 markdown table that replaces the measured section of docs/export.md (--doc; `--doc ''` only prints it).
+With `--device cuda` the model decodes on that GPU (threads: the host's), `generate` and the fast loop only
+(int8 linear layers and the exports here are CPU builds), after one untimed batch of each.
 
     python -m benchmarks.ctranslate2_decode outputs/run
     python -m benchmarks.ctranslate2_decode outputs/run --threads 1 --systems fast torch-int8 --doc ''
+    python -m benchmarks.ctranslate2_decode outputs/run --device cuda --threads 1 --doc ''
 """
 
 import argparse
@@ -68,12 +71,19 @@ def torch_runs(model, tokenizer, sources, batch_size: int, systems: list[str]) -
     return runs
 
 
-def measure(model_dir: Path, sources, references, threads: list[int], batch_size: int, systems) -> list[dict]:
+def measure(
+    model_dir: Path, sources, references, threads: list[int], batch_size: int, systems, device
+) -> list[dict]:
     """One row per (system, thread count): sentences/s, speed-up over `generate` (wall and CPU time), BLEU,
     identical lines."""
     model, tokenizer = load_translation_model(model_dir)
-    model = model.float().eval()
+    model = model.float().eval().to(device)
     exports = [name for name in QUANTIZATIONS if f"ctranslate2-{name}" in systems]
+    if (
+        model.device.type != "cpu"
+    ):  # the device's start-up work (kernels, library handles) outside the timings
+        for fast in (False, True):
+            translate(model, tokenizer, sources[:batch_size], batch_size=batch_size, fast_decoding=fast)
     rows = []
     with tempfile.TemporaryDirectory() as scratch:
         folders = {name: Path(scratch) / name for name in exports}
@@ -105,7 +115,7 @@ def measure(model_dir: Path, sources, references, threads: list[int], batch_size
     return rows
 
 
-def table(rows: list[dict], model_dir: Path, test_name: str, sentences: int, batch_size: int) -> str:
+def table(rows: list[dict], model_dir: Path, test_name: str, sentences: int, batch_size: int, device) -> str:
     """The markdown section: what was measured, on which machine, when, under what load, and the table."""
     load = ", ".join(f"{value:.2f}" for value in os.getloadavg())
     lines = [
@@ -113,7 +123,7 @@ def table(rows: list[dict], model_dir: Path, test_name: str, sentences: int, bat
         f" {test_name}, {sentences} sentences, beam 4 (the saved generation config), batches of {batch_size}"
         " sentences sorted by length.",
         "",
-        f"Machine: {describe_hardware('cpu').line()}. Load average at the end: {load} (1, 5, 15 min; above"
+        f"Machine: {machine(device)}. Load average at the end: {load} (1, 5, 15 min; above"
         f" {os.cpu_count()} the machine was shared with other jobs). The ratios compare runs made one after"
         " another in one process; 'in CPU time' divides the process's CPU seconds instead of wall seconds.",
         "",
@@ -127,6 +137,23 @@ def table(rows: list[dict], model_dir: Path, test_name: str, sentences: int, bat
             f"{row['identical']}/{sentences} |"
         )
     return "\n".join(lines)
+
+
+def machine(device) -> str:
+    """The machine line: the CPU, and the device that decoded when it is not the CPU."""
+    line = describe_hardware("cpu").line()
+    return line if torch.device(device).type == "cpu" else f"{describe_hardware(device).line()}; host {line}"
+
+
+def check_systems(systems: list[str] | None, device: str) -> list[str]:
+    """The systems to run: all by default on the CPU, the fast loop elsewhere; int8 linear layers and the
+    CTranslate2 exports (loaded on the CPU) are refused off the CPU."""
+    if torch.device(device).type == "cpu":
+        return systems or list(SYSTEMS)
+    cpu_only = sorted(set(systems or ()) - {"fast"})
+    if cpu_only:
+        raise SystemExit(f"--systems {' '.join(cpu_only)}: CPU only; allowed with --device {device}: fast")
+    return ["fast"]
 
 
 def write_section(doc: Path, section: str) -> None:
@@ -155,16 +182,17 @@ def main():
         "--systems",
         nargs="+",
         choices=list(SYSTEMS),
-        default=list(SYSTEMS),
-        help="besides generate (always run): default all",
+        help="besides generate (always run): default all on the CPU, fast elsewhere",
     )
+    parser.add_argument("--device", default="cpu", help="torch device the model decodes on (cpu, cuda, ...)")
     parser.add_argument("--doc", default=str(DOC), help="markdown file whose measured section is replaced")
     args = parser.parse_args()
     test = read_parallel(args.source, args.reference)
     sources, references = test.source[: args.limit], test.target[: args.limit]
     threads = sorted(set(args.threads))
-    rows = measure(args.model_dir, sources, references, threads, args.batch_size, args.systems)
-    section = table(rows, args.model_dir, test.name, len(sources), args.batch_size)
+    systems = check_systems(args.systems, args.device)
+    rows = measure(args.model_dir, sources, references, threads, args.batch_size, systems, args.device)
+    section = table(rows, args.model_dir, test.name, len(sources), args.batch_size, args.device)
     print(section)
     if args.doc:
         write_section(Path(args.doc), section)

@@ -340,7 +340,7 @@ class ExampleLengths(LogitsProcessor):
         self.lengths, self.eos = lengths, eos  # (B,), the end token
 
     def keep_examples(self, examples: torch.LongTensor) -> None:
-        self.lengths = self.lengths[examples]
+        self.lengths = self.lengths[examples.to(self.lengths.device)]
 
     def __call__(self, input_ids, scores):  # (rows, t) with the start token, (rows, V)
         lengths = per_row(self.lengths, len(input_ids)).to(scores.device)  # (rows,)

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from benchmarks.harness import MODEL_SIZES, build_model, count_parameters, generation_run, real_length_batch
-from benchmarks.run import parse_args, peak_flops, select_systems
+from benchmarks.run import fit_randomized_positions, parse_args, peak_flops, select_systems
 from hf_posenc.pipeline.data.files import ParallelText
 from hf_posenc.pipeline.training import arguments
 from tests.helpers import REPO
@@ -171,3 +171,19 @@ def test_the_generation_phase_with_real_lengths(tmp_path):
     assert "each output ending at its reference's" in markdown and "examples finish apart" in markdown
     results = json.loads((tmp_path / "benchmarks-tiny.json").read_text())
     assert results["generation"]["identical"] == {"rpe_head@b4k1": True, "rpe_head@b4k4": True}
+
+
+def test_randomized_positions_draw_below_the_longest_length_measured(tmp_path):
+    """A variant's L (64, sized for the conformance suite) is raised to the longest position measured, so that
+    `make bench` trains such systems at lengths past it instead of failing there (it did, at 128)."""
+    systems = fit_randomized_positions(select_systems(["learned-randomized", "sinusoidal"]), 1025)
+    assert [s.overrides and s.overrides.get("randomized_positions_max") for s in systems] == [
+        None,
+        1025,
+        None,
+    ]
+    command = [*TINY_COMMAND, *"--systems learned-randomized --phases training --lengths 80".split()]
+    command += ["--tokens_per_batch", "160", "--repeats", "1", "--output_dir", str(tmp_path)]
+    subprocess.run(command, check=True, cwd=REPO, timeout=120)
+    results = json.loads((tmp_path / "benchmarks-tiny.json").read_text())
+    assert results["training"]["tokens_per_second"]["learned-randomized@80"] > 0
