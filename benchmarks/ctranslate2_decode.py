@@ -34,7 +34,7 @@ from hf_posenc.pipeline.evaluation.decoding import load_translation_model, trans
 from hf_posenc.pipeline.evaluation.quantization import quantize_int8
 from hf_posenc.pipeline.evaluation.scoring import score_translations
 from hf_posenc.pipeline.export.ctranslate2 import CTranslate2Model, export_ctranslate2
-from hf_posenc.pipeline.training.hardware import describe_hardware
+from hf_posenc.pipeline.training.hardware import describe_hardware, keep_freed_memory
 
 from .systems import MULTI30K
 
@@ -115,7 +115,9 @@ def measure(
     return rows
 
 
-def table(rows: list[dict], model_dir: Path, test_name: str, sentences: int, batch_size: int, device) -> str:
+def table(
+    rows: list[dict], model_dir, test_name: str, sentences: int, batch_size: int, device, reused
+) -> str:
     """The markdown section: what was measured, on which machine, when, under what load, and the table."""
     load = ", ".join(f"{value:.2f}" for value in os.getloadavg())
     lines = [
@@ -123,7 +125,8 @@ def table(rows: list[dict], model_dir: Path, test_name: str, sentences: int, bat
         f" {test_name}, {sentences} sentences, beam 4 (the saved generation config), batches of {batch_size}"
         " sentences sorted by length.",
         "",
-        f"Machine: {machine(device)}. Load average at the end: {load} (1, 5, 15 min; above"
+        f"Machine: {machine(device)}; freed CPU memory {'kept for reuse' if reused else 'released'}"
+        f" (--cpu_memory). Load average at the end: {load} (1, 5, 15 min; above"
         f" {os.cpu_count()} the machine was shared with other jobs). The ratios compare runs made one after"
         " another in one process; 'in CPU time' divides the process's CPU seconds instead of wall seconds.",
         "",
@@ -185,14 +188,21 @@ def main():
         help="besides generate (always run): default all on the CPU, fast elsewhere",
     )
     parser.add_argument("--device", default="cpu", help="torch device the model decodes on (cpu, cuda, ...)")
+    parser.add_argument(
+        "--cpu_memory",
+        choices=["reuse", "release"],
+        default="reuse",
+        help="as hf-posenc-evaluate's, for every system: reuse keeps freed memory in the process (default)",
+    )
     parser.add_argument("--doc", default=str(DOC), help="markdown file whose measured section is replaced")
     args = parser.parse_args()
     test = read_parallel(args.source, args.reference)
     sources, references = test.source[: args.limit], test.target[: args.limit]
     threads = sorted(set(args.threads))
     systems = check_systems(args.systems, args.device)
+    reused = args.cpu_memory == "reuse" and keep_freed_memory(args.device)
     rows = measure(args.model_dir, sources, references, threads, args.batch_size, systems, args.device)
-    section = table(rows, args.model_dir, test.name, len(sources), args.batch_size, args.device)
+    section = table(rows, args.model_dir, test.name, len(sources), args.batch_size, args.device, reused)
     print(section)
     if args.doc:
         write_section(Path(args.doc), section)

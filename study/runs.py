@@ -42,7 +42,7 @@ from hf_posenc.pipeline.evaluation.decoding import load_translation_model, trans
 from hf_posenc.pipeline.evaluation.scoring import score_translations
 from hf_posenc.pipeline.training.arguments import ARGUMENT_CLASSES, load_recipe
 from hf_posenc.pipeline.training.arguments import parse_args as parse_train_args
-from hf_posenc.pipeline.training.hardware import choose_precision
+from hf_posenc.pipeline.training.hardware import choose_precision, keep_freed_memory
 
 from .tables import DECODING, SYSTEMS, TABLES, TRAINING_RATIO, length_k, training_flags
 
@@ -322,6 +322,7 @@ def measure(run: Run, models: Path, results: Path, args) -> None:
     model, tokenizer = load_translation_model(models, **config)
     if torch.cuda.is_available():
         model = model.cuda()
+    keep_freed_memory(model.device)  # as train.py's default --cpu_memory reuse: no page faults at every step
     decoder = (model, tokenizer, {"config": config, "generate": generate_settings(run, tokenizer)})
     sources = test.source[: args.probe_sentences]
     probes = word_order_probe(

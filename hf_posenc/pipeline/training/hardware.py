@@ -14,7 +14,8 @@ CPU's flags hint at which kind a machine is, but only a timing says what torch's
   On CUDA the rule is fixed: bf16 where the GPU supports it, else fp32;
 * `choose_attention_backend` times forward + backward of transformers' SDPA and our eager attention at the
   model's head shapes under that precision, and keeps the faster;
-* `keep_freed_memory` keeps the memory of freed tensors in the process for the next update (below);
+* `keep_freed_memory` keeps the memory of freed tensors in the process for the next update or decoding step
+  (below);
 * `matmul_peak_flops` measures the dense matmul FLOP/s of the chosen precision (the denominator of MFU), and
   `model_flops_per_target_token` counts the model's forward + backward FLOPs (the numerator).
 
@@ -158,7 +159,8 @@ def check_compiler(compile: bool, backend: str | None, device) -> None:
 
 
 def keep_freed_memory(device) -> bool:
-    """On the CPU under glibc, serve every tensor from the heap and keep freed memory there for the next update.
+    """On the CPU under glibc, serve every tensor from the heap and keep freed memory there for the next update
+    or decoding step.
 
     glibc maps each block over 32 MiB with mmap and unmaps it when it is freed: the logits of a batch
     (tokens x vocabulary, in fp32 for the loss) and its large activations. The next update then faults every
@@ -166,8 +168,11 @@ def keep_freed_memory(device) -> bool:
     2 threads of an AMD EPYC) 1.1M page faults and 2.2 s of system time per update. Kept in the heap (mmap off,
     trimming off: `mallopt(3)`), the next update reuses freed pages (0.2M faults per update there); the cost is
     a higher peak resident size (up to 1.8x at base on token-budget batches), held until the process ends
-    (docs/training.md has the figures). Returns whether it was applied: the CPU and glibc only (other C
-    libraries and the GPU's memory are left as they are)."""
+    (docs/training.md has the figures). Decoding is hit the same way, at every step: a beam's logits, their
+    log-probabilities and their sums (rows x vocabulary, float32) come and go (on the default model, 384
+    sentences at beam 4: 480-690k page faults and 0.7-1.1 s of system time with glibc's handling, none kept;
+    docs/decoding.md), so train.py, hf-posenc-evaluate and the study's decoding apply it too. Returns whether
+    it was applied: the CPU and glibc only (other C libraries and the GPU's memory are left as they are)."""
     if torch.device(device).type != "cpu" or platform.libc_ver()[0] != "glibc":
         return False
     libc = ctypes.CDLL(None)  # the C library this process already uses

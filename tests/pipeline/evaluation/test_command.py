@@ -130,3 +130,16 @@ def test_evaluate_translation_script_decodes_scores_and_compares(multi30k_dir, t
     assert (
         decoded["precision"]["requested"] == "auto" and decoded["hardware"]["device"] == "cpu"
     )  # how it decoded
+
+
+@pytest.mark.parametrize("flag, reused", [([], True), (["--cpu_memory", "release"], False)])
+def test_decoding_keeps_freed_memory_unless_released(flag, reused, model_dir, texts, tmp_path, monkeypatch):
+    """--cpu_memory reuse (default) keeps freed memory in the process while decoding on the CPU, as train.py
+    does (no page faults at every step: docs/decoding.md); release leaves the C library's default. The report
+    says which."""
+    devices = []
+    monkeypatch.setattr(command, "keep_freed_memory", lambda device: devices.append(str(device)) or True)
+    test_set = ["--source", str(texts / "test.en"), "--reference", str(texts / "test.de")]
+    argv = [str(model_dir), *test_set, "--num_beams", "1", "--output", str(tmp_path / "e.json"), *flag]
+    report = evaluate_main(argv)
+    assert report["cpu_memory_reused"] is reused and devices == (["cpu"] if reused else [])
