@@ -29,10 +29,13 @@ Writes `<model>/evaluation.json` (BLEU, chrF++, signatures; paired bootstrap res
 baseline with paper-1 significance marks; the n-gram sweep of paper 1 Fig. 4) and, with --ngram_sweep,
 `<model>/ngram_sweep.png`.
 
+On the CPU, freed memory stays in the process while decoding (--cpu_memory reuse, as train.py: no page faults on the
+vocabulary-sized tensors of every step; 1.2x transformers' generate and up to 1.2x the fast loop, docs/decoding.md).
+
 --int8 decodes with every linear layer of the model made int8 (weights per output channel, inputs per row at each
-call; torch on the CPU, every module; docs/decoding.md, "int8 decoding in torch"). Measured on two of the study's
-models (1,000 sentences, beam 4, one thread, a busy machine): 0.04-0.05 BLEU below float32, 1.4x the float32 speed
-(2.7-3.0x transformers' generate) on a CPU with AVX512-VNNI; where torch's int8 product is slower than float32
+call; torch on the CPU, every module; docs/decoding.md, "int8 decoding in torch"). Measured (1,000 sentences, beam
+4, one thread, a CPU with AVX512-VNNI): 0.04-0.14 BLEU below float32, 1.4-2.0x the float32 speed (2.7-3.7x
+transformers' generate in the same process); where torch's int8 product is slower than float32
 (AVX2 without VNNI: 51-93x as long), --int8 is refused with both measured times. The rest of the model stays
 float32, so --precision bf16 is refused with it, and a CTranslate2 export (which has its own int8) refuses it.
 
