@@ -11,7 +11,8 @@ needs `--systems fast torch-int8`). Threads are pinned for both (torch.set_num_t
 intra_threads; one translation at a time). Reports sentences/s, the speed-up over `generate` at the same thread
 count in wall time and in the process's CPU time (which leaves out the time other jobs hold the cores: at one
 thread the two agree on a quiet machine), BLEU (sacreBLEU 13a) and how many lines equal `generate`'s, as a
-markdown table that replaces the measured section of docs/export.md (--doc; `--doc ''` only prints it).
+markdown table that replaces the measured section of docs/export.md (--doc; `--doc ''` only prints it), and as a
+bar chart, docs/decoding_engines.png (--plot; `--plot ''` writes none).
 With `--device cuda` the model decodes on that GPU (threads: the host's), `generate` and the fast loop only
 (int8 linear layers and the exports here are CPU builds), after one untimed batch of each.
 
@@ -36,10 +37,12 @@ from hf_posenc.pipeline.evaluation.scoring import score_translations
 from hf_posenc.pipeline.export.ctranslate2 import CTranslate2Model, export_ctranslate2
 from hf_posenc.pipeline.training.hardware import describe_hardware, keep_freed_memory
 
+from .plots import write_engines_plot
 from .systems import MULTI30K
 
 DATA = MULTI30K
 DOC = Path(__file__).resolve().parents[1] / "docs" / "export.md"
+PLOT = DOC.with_name("decoding_engines.png")
 BEGIN, END = "<!-- ctranslate2-benchmark:begin -->", "<!-- ctranslate2-benchmark:end -->"
 QUANTIZATIONS = ("float32", "int8")
 # The systems besides `generate` (the baseline, always run), by their --systems name.
@@ -195,6 +198,7 @@ def main():
         help="as hf-posenc-evaluate's, for every system: reuse keeps freed memory in the process (default)",
     )
     parser.add_argument("--doc", default=str(DOC), help="markdown file whose measured section is replaced")
+    parser.add_argument("--plot", default=str(PLOT), help="the engines' speeds as a PNG ('' writes none)")
     args = parser.parse_args()
     test = read_parallel(args.source, args.reference)
     sources, references = test.source[: args.limit], test.target[: args.limit]
@@ -204,6 +208,10 @@ def main():
     rows = measure(args.model_dir, sources, references, threads, args.batch_size, systems, args.device)
     section = table(rows, args.model_dir, test.name, len(sources), args.batch_size, args.device, reused)
     print(section)
+    if args.plot:
+        title = f"{args.model_dir.name}, {len(sources)} sentences, beam 4; {machine(args.device)}; {datetime.date.today()}"
+        write_engines_plot(rows, args.plot, title)
+        print(f"wrote {args.plot}")
     if args.doc:
         write_section(Path(args.doc), section)
         print(f"wrote the table into {args.doc}")

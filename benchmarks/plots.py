@@ -1,10 +1,13 @@
 """The plots of `make bench` (benchmarks/run.py): throughput per length as a ratio to stock Marian for the phases
-measured (training, paper 1's forward benchmark), generation speed by system and decoding loop, and the per-token
-decoding time against the prefix length."""
+measured (training, paper 1's forward benchmark) and, with --compile, compiled over eager; generation speed by
+system and decoding loop, and the per-token decoding time against the prefix length. And the decoding engines of one
+trained model (benchmarks/ctranslate2_decode.py)."""
+
+import textwrap
 
 import matplotlib
 
-from .harness import FAST, STOCK_MARIAN
+from .harness import COMPILED, FAST, STOCK_MARIAN
 from .systems import System
 
 matplotlib.use("Agg")
@@ -35,43 +38,52 @@ def write_plots(results: dict, systems: list[System], args) -> list[str]:
     return [path.name for path in paths]
 
 
-def throughput_panels(results: dict, args) -> list[tuple[dict, list[int], str]]:
-    """(throughput by `<system>@<length>`, lengths, title) of each phase measured: training, forward."""
-    return [
-        (measured, lengths, title)
-        for key, measured, lengths, title in (
-            (
-                "training",
-                results.get("training", {}).get("tokens_per_second"),
-                args.lengths,
-                "training step (fwd+bwd+AdamW)",
-            ),
-            (
-                "forward_seconds",
-                {k: 1 / v for k, v in results.get("forward_seconds", {}).items()},
-                args.forward_lengths,
-                f"forward ×{args.forward_times} (paper 1)",
-            ),
-        )
-        if key in results
-    ]
+def throughput_panels(results: dict, args) -> list[tuple[dict, list[int], str, str]]:
+    """(ratio by `<system>@<length>`, lengths, title, y label) of each phase measured: training and forward over
+    stock Marian's at each length, and with --compile each system's compiled training over its own eager one."""
+    phases = (
+        (
+            "training",
+            results.get("training", {}).get("tokens_per_second"),
+            args.lengths,
+            "training step (fwd+bwd+AdamW)",
+        ),
+        (
+            "forward_seconds",
+            {k: 1 / v for k, v in results.get("forward_seconds", {}).items()},
+            args.forward_lengths,
+            f"forward ×{args.forward_times} (paper 1)",
+        ),
+    )
+    panels = []
+    for key, measured, lengths, title in phases:
+        if key in results:
+            eager = {k: v for k, v in measured.items() if COMPILED not in k}
+            ratios = {k: v / eager[f"{STOCK_MARIAN}@{k.rsplit('@', 1)[1]}"] for k, v in eager.items()}
+            panels.append((ratios, lengths, title, "throughput / stock Marian"))
+    training = results.get("training", {}).get("tokens_per_second", {})
+    if args.compile and training:
+        ratios = {
+            k.replace(COMPILED, ""): v / training[k.replace(COMPILED, "")]
+            for k, v in training.items()
+            if COMPILED in k
+        }
+        panels.append((ratios, args.lengths, "torch.compile (training)", "compiled / eager throughput"))
+    return panels
 
 
 def write_throughput_plot(panels: list, systems: list[System], path, metadata: dict) -> None:
-    """One panel per phase: each system's throughput over the baseline's against the length."""
+    """One panel per ratio (`throughput_panels`): each system's against the length."""
     figure, axes = plt.subplots(1, len(panels), figsize=(6 * len(panels), 5), squeeze=False)
-    for axis, (measured, lengths, title) in zip(axes[0], panels, strict=True):
+    for axis, (ratios, lengths, title, ylabel) in zip(axes[0], panels, strict=True):
         for index, system in enumerate(systems):
-            points = [
-                (n, measured[f"{system.name}@{n}"] / measured[f"{STOCK_MARIAN}@{n}"])
-                for n in lengths
-                if f"{system.name}@{n}" in measured  # inference-only systems have no training numbers
-            ]
+            # inference-only systems have no training numbers
+            points = [(n, ratios[f"{system.name}@{n}"]) for n in lengths if f"{system.name}@{n}" in ratios]
             if points:
                 axis.plot(
                     *zip(*points, strict=True), marker="o", label=system.name, **line_style(index, system)
                 )
-        axis.set(xlabel="source = target length", ylabel="throughput / stock Marian", title=title)
+        axis.set(xlabel="source = target length", ylabel=ylabel, title=title)
         axis.set_xscale("log", base=2)
         axis.minorticks_off()
         axis.set_xticks(lengths, [str(n) for n in lengths])
@@ -119,4 +131,26 @@ def write_generation_plot(measured: dict, systems: list[System], args, path, met
     figure.axes[0].legend(fontsize=8)
     figure.tight_layout()
     figure.savefig(path, dpi=110, metadata=metadata)
+    plt.close(figure)
+
+
+def write_engines_plot(rows: list[dict], path, title: str) -> None:
+    """One panel per thread count: each decoding engine's sentences/s (benchmarks/ctranslate2_decode.py rows),
+    labelled with its speed over `generate` and its BLEU."""
+    threads = sorted({row["threads"] for row in rows})
+    figure, axes = plt.subplots(1, len(threads), figsize=(8 * len(threads), 4), squeeze=False)
+    for axis, count in zip(axes[0], threads, strict=True):
+        chosen = [row for row in rows if row["threads"] == count]
+        names = [row["system"] for row in chosen][::-1]  # generate on top
+        speeds = [row["sentences_per_second"] for row in chosen][::-1]
+        axis.barh(names, speeds, color="tab:blue")
+        for y, row in enumerate(chosen[::-1]):
+            label = f" {row['speed_up']:.2f}x, BLEU {row['bleu']:.2f}"
+            axis.text(row["sentences_per_second"], y, label, va="center", fontsize=8)
+        axis.set(xlabel="sentences/s", title=f"{count} thread{'s' if count > 1 else ''}")
+        axis.set_xlim(0, 1.45 * max(speeds))
+        axis.grid(alpha=0.3, axis="x")
+    figure.suptitle(textwrap.fill(title, 110 * len(threads)), fontsize=8)
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
     plt.close(figure)

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from benchmarks.harness import MODEL_SIZES, build_model, count_parameters, generation_run, real_length_batch
+from benchmarks.plots import throughput_panels
 from benchmarks.run import fit_randomized_positions, parse_args, peak_flops, select_systems
 from hf_posenc.pipeline.data.files import ParallelText
 from hf_posenc.pipeline.training import arguments
@@ -187,3 +188,23 @@ def test_randomized_positions_draw_below_the_longest_length_measured(tmp_path):
     subprocess.run(command, check=True, cwd=REPO, timeout=120)
     results = json.loads((tmp_path / "benchmarks-tiny.json").read_text())
     assert results["training"]["tokens_per_second"]["learned-randomized@80"] > 0
+
+
+def test_the_throughput_plot_has_a_compiled_over_eager_panel_with_compile():
+    """Training and forward as ratios to stock Marian at each length; with --compile a third panel, each system's
+    compiled training over its own eager training (eager over eager, compiled over compiled never)."""
+    training = {"marian@8": 100.0, "rope@8": 50.0, "marian+compile@8": 150.0, "rope+compile@8": 40.0}
+    results = {
+        "training": {"tokens_per_second": training},
+        "forward_seconds": {"marian@8": 2.0, "rope@8": 4.0},
+    }
+    args = parse_args(["--config", "tiny", "--lengths", "8", "--compile", "--precision", "fp32"])
+    panels = throughput_panels(results, args)
+    assert [panel[0] for panel in panels] == [
+        {"marian@8": 1.0, "rope@8": 0.5},
+        {"marian@8": 1.0, "rope@8": 0.5},
+        {"marian@8": 1.5, "rope@8": 0.8},
+    ]
+    assert panels[2][2:] == ("torch.compile (training)", "compiled / eager throughput")
+    args.compile = False
+    assert len(throughput_panels(results, args)) == 2
