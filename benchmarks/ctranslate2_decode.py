@@ -12,7 +12,7 @@ intra_threads; one translation at a time). Reports sentences/s, the speed-up ove
 count in wall time and in the process's CPU time (which leaves out the time other jobs hold the cores: at one
 thread the two agree on a quiet machine), BLEU (sacreBLEU 13a) and how many lines equal `generate`'s, as a
 markdown table that replaces the measured section of docs/export.md (--doc; `--doc ''` only prints it), and as a
-bar chart, docs/decoding_engines.png (--plot; `--plot ''` writes none).
+bar chart, docs/decoding_engines.png (--plot; with `--doc ''` only where --plot names a file).
 With `--device cuda` the model decodes on that GPU (threads: the host's), `generate` and the fast loop only
 (int8 linear layers and the exports here are CPU builds), after one untimed batch of each.
 
@@ -82,9 +82,8 @@ def measure(
     model, tokenizer = load_translation_model(model_dir)
     model = model.float().eval().to(device)
     exports = [name for name in QUANTIZATIONS if f"ctranslate2-{name}" in systems]
-    if (
-        model.device.type != "cpu"
-    ):  # the device's start-up work (kernels, library handles) outside the timings
+    if model.device.type != "cpu":
+        # the device's start-up work (kernels, library handles) outside the timings
         for fast in (False, True):
             translate(model, tokenizer, sources[:batch_size], batch_size=batch_size, fast_decoding=fast)
     rows = []
@@ -198,7 +197,11 @@ def main():
         help="as hf-posenc-evaluate's, for every system: reuse keeps freed memory in the process (default)",
     )
     parser.add_argument("--doc", default=str(DOC), help="markdown file whose measured section is replaced")
-    parser.add_argument("--plot", default=str(PLOT), help="the engines' speeds as a PNG ('' writes none)")
+    parser.add_argument(
+        "--plot",
+        default=None,
+        help=f"the engines' speeds as a PNG (default: {PLOT.relative_to(PLOT.parents[1])} when --doc writes a file)",
+    )
     args = parser.parse_args()
     test = read_parallel(args.source, args.reference)
     sources, references = test.source[: args.limit], test.target[: args.limit]
@@ -208,10 +211,11 @@ def main():
     rows = measure(args.model_dir, sources, references, threads, args.batch_size, systems, args.device)
     section = table(rows, args.model_dir, test.name, len(sources), args.batch_size, args.device, reused)
     print(section)
-    if args.plot:
-        title = f"{args.model_dir.name}, {len(sources)} sentences, beam 4; {machine(args.device)}; {datetime.date.today()}"
-        write_engines_plot(rows, args.plot, title)
-        print(f"wrote {args.plot}")
+    plot = args.plot if args.plot is not None else (str(PLOT) if args.doc else "")
+    if plot:
+        title = f"{args.model_dir.name}, {len(sources)} sentences, beam 4; {machine(args.device)}"
+        write_engines_plot(rows, plot, f"{title}; {datetime.date.today()}")
+        print(f"wrote {plot}")
     if args.doc:
         write_section(Path(args.doc), section)
         print(f"wrote the table into {args.doc}")

@@ -29,8 +29,9 @@ Writes `<model>/evaluation.json` (BLEU, chrF++, signatures; paired bootstrap res
 baseline with paper-1 significance marks; the n-gram sweep of paper 1 Fig. 4) and, with --ngram_sweep,
 `<model>/ngram_sweep.png`.
 
-On the CPU, freed memory stays in the process while decoding (--cpu_memory reuse, as train.py: no page faults on the
-vocabulary-sized tensors of every step; 1.2x transformers' generate and up to 1.2x the fast loop, docs/decoding.md).
+A model decoded by torch on the CPU keeps freed memory in the process (--cpu_memory reuse, as train.py: no page
+faults on the vocabulary-sized tensors of every step; 1.2x transformers' generate and up to 1.2x the fast loop,
+docs/decoding.md).
 
 --int8 decodes with every linear layer of the model made int8 (weights per output channel, inputs per row at each
 call; torch on the CPU, every module; docs/decoding.md, "int8 decoding in torch"). Measured (1,000 sentences, beam
