@@ -141,13 +141,19 @@ def resume_checkpoint(args: Arguments) -> str | None:
         if problem:
             raise ValueError(f"--resume_from_checkpoint {resume}: {problem}")
         return resume
-    checkpoints = sorted(args.checkpoints_dir.glob("checkpoint-*"), key=lambda p: int(p.name.split("-")[-1]))
+    return last_complete_checkpoint(args.checkpoints_dir)
+
+
+def last_complete_checkpoint(folder: Path) -> str:
+    """The newest Trainer checkpoint in `folder` that is complete (`checkpoint_problem`); a newer one cut off
+    while being written (a run killed mid-save) is skipped, and the log says so."""
+    checkpoints = sorted(folder.glob("checkpoint-*"), key=lambda p: int(p.name.split("-")[-1]))
     for checkpoint in reversed(checkpoints):
         problem = checkpoint_problem(checkpoint)
         if not problem:
             return str(checkpoint)
         logger.warning("%s is incomplete (%s): trying the one before", checkpoint, problem)
-    raise ValueError(f"--resume_from_checkpoint last: no complete checkpoint in {args.checkpoints_dir}")
+    raise ValueError(f"--resume_from_checkpoint last: no complete checkpoint in {folder}")
 
 
 def checkpoint_problem(checkpoint: Path) -> str | None:

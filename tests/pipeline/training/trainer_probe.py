@@ -19,6 +19,7 @@ from transformers import DataCollatorForSeq2Seq, Seq2SeqTrainingArguments
 from hf_posenc import MarianPosEncConfig, MarianPosEncForConditionalGeneration  # noqa: E402
 from hf_posenc.pipeline.data.files import data_root, read_split  # noqa: E402
 from hf_posenc.pipeline.data.tokenization import train_joint_bpe  # noqa: E402
+from hf_posenc.pipeline.training.resume import last_complete_checkpoint  # noqa: E402
 from hf_posenc.pipeline.training.trainer import TranslationTrainer, leave_process_group, tokenize_parallel  # noqa: E402
 
 
@@ -102,7 +103,9 @@ def main():
     trainer = build_trainer(
         Path(args.out) / "checkpoints", args.max_steps, args.update_freq, save_steps=args.save_steps
     )
-    trainer.train(resume_from_checkpoint=True if args.resume else None)
+    # as train.py's --resume_from_checkpoint last: the newest complete checkpoint (a kill may cut off a save)
+    resume = last_complete_checkpoint(Path(args.out) / "checkpoints") if args.resume else None
+    trainer.train(resume_from_checkpoint=resume)
     checksum = sum(float(p.detach().double().sum()) for p in trainer.model.parameters())
     rank = int(os.environ.get("RANK", 0))
     record = {
