@@ -7,7 +7,7 @@ import textwrap
 
 import matplotlib
 
-from .harness import COMPILED, FAST, STOCK_MARIAN
+from .harness import COMPILED, FAST, INT8, STOCK_MARIAN
 from .systems import System
 
 matplotlib.use("Agg")
@@ -112,17 +112,23 @@ def write_decode_plot(
 
 
 def write_generation_plot(measured: dict, systems: list[System], args, path, metadata: dict) -> None:
-    """One panel per generation setting: each system's tokens/s over stock Marian's `generate`, through `generate`
-    and through the fast decoding loop."""
+    """One panel per generation setting: each system's tokens/s over stock Marian's `generate`, through `generate`,
+    through the fast decoding loop and, where measured, through the fast loop with int8 linear layers."""
     settings = [f"b{b}k{k}" for b in args.generation_batch_sizes for k in args.beams]
     names = [system.name for system in systems]
     figure, axes = plt.subplots(len(settings), 1, figsize=(max(8, 0.45 * len(names)), 3 * len(settings)))
     for axis, setting in zip(getattr(axes, "flat", [axes]), settings, strict=True):
         baseline = measured[f"{STOCK_MARIAN}@{setting}"]
-        for offset, (suffix, label) in enumerate((("", "generate"), (FAST, "fast decoding loop"))):
+        loops = [("", "generate"), (FAST, "fast decoding loop")]
+        if any(INT8 in key for key in measured):
+            loops.append((INT8, "fast loop, int8 linear layers"))
+        width = 0.8 / len(loops)
+        for offset, (suffix, label) in enumerate(loops):
             heights = [measured.get(f"{name}{suffix}@{setting}", 0) / baseline for name in names]
-            axis.bar([i + 0.4 * offset for i in range(len(names))], heights, width=0.4, label=label)
-        axis.set_xticks([i + 0.2 for i in range(len(names))], names, rotation=60, ha="right", fontsize=7)
+            axis.bar([i + width * offset for i in range(len(names))], heights, width=width, label=label)
+        axis.set_xticks(
+            [i + 0.4 - width / 2 for i in range(len(names))], names, rotation=60, ha="right", fontsize=7
+        )
         axis.set(
             ylabel="tokens/s / Marian generate", title=setting.replace("b", "batch ").replace("k", ", beams ")
         )

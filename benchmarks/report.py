@@ -6,7 +6,7 @@ import math
 
 import torch
 
-from .harness import COMPILED, FAST, STOCK_MARIAN
+from .harness import COMPILED, FAST, INT8, STOCK_MARIAN
 from .systems import System
 
 NOTES_MARKER = "<!-- Everything below this line is kept when benchmarks/run.py rewrites this file. -->"
@@ -333,6 +333,32 @@ def fast_loop_section(generation: dict, names: list[str], settings: list[str], l
         "### The fast decoding loop (`generate(..., fast_decoding=True)`) over `generate`",
         "",
         f"The same model, source and settings; {FAST_LOOP_LENGTHS[lengths]}",
+        "",
+        table(["system", *[s.replace("k", " k") for s in settings]], rows),
+        "",
+        *int8_section(generation, names, settings),
+    ]
+
+
+def int8_section(generation: dict, names: list[str], settings: list[str]) -> list[str]:
+    """Each hf_posenc system's fast loop with int8 linear layers (`quantize_int8`) over its own float32
+    `generate`, or why it was not measured."""
+    measured = generation["tokens_per_second"]
+    heading = "### The fast loop with int8 linear layers over `generate` (float32)"
+    if generation.get("int8_missing"):
+        return [heading, "", f"Not measured: {generation['int8_missing']}", ""]
+    rows = [
+        f"| {name} | "
+        + " | ".join(f"{measured[f'{name}{INT8}@{s}'] / measured[f'{name}@{s}']:.2f}" for s in settings)
+        + " |"
+        for name in names
+        if f"{name}{INT8}@{settings[0]}" in measured
+    ]
+    return [
+        heading,
+        "",
+        "The same models with every linear layer int8 (`quantize_int8`, docs/decoding.md), decoded by the fast loop; "
+        "their tokens are not `generate`'s, and untrained weights say nothing of the BLEU cost.",
         "",
         table(["system", *[s.replace("k", " k") for s in settings]], rows),
         "",

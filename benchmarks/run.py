@@ -38,6 +38,7 @@ import torch
 import transformers
 
 from hf_posenc.pipeline.data.files import read_split
+from hf_posenc.pipeline.evaluation.quantization import check_int8_speed, quantize_int8
 from hf_posenc.pipeline.training.hardware import (
     choose_attention_backend,
     choose_precision,
@@ -47,6 +48,7 @@ from hf_posenc.pipeline.training.hardware import (
 
 from .harness import (
     FAST,
+    INT8,
     MODEL_SIZES,
     STOCK_MARIAN,
     benchmark_training_steps,
@@ -345,11 +347,25 @@ def measure_forward(systems, fields, args, dtype) -> dict:
     return seconds
 
 
+def int8_models(models, args, dtype) -> tuple[dict, str | None]:
+    """hf_posenc's systems with int8 linear layers (`quantize_int8`), to decode through the fast loop, and why
+    there are none: only on the CPU in float32, where torch's int8 product is faster than float32's."""
+    if torch.device(args.device).type != "cpu" or dtype is not None:
+        return {}, "int8 decoding is measured on the CPU in float32 only (--precision fp32)"
+    try:
+        check_int8_speed()
+    except ValueError as slower:
+        return {}, str(slower)
+    return {name: quantize_int8(model) for name, model in models.items() if name != STOCK_MARIAN}, None
+
+
 def measure_generation(models, args, dtype) -> dict:
     """Tokens/s of each system's `generate` (`<system>@b<B>k<K>`) and, for hf_posenc's systems, of the fast
-    decoding loop (`<system>+fast@...`), interleaved; `identical` says per system and setting whether the fast
-    loop returned `generate`'s tokens."""
+    decoding loop (`<system>+fast@...`) and of the fast loop with int8 linear layers where they are measured
+    (`<system>+int8@...`, `int8_models`), interleaved; `identical` says per system and setting whether the fast
+    loop returned `generate`'s tokens (int8 computes other numbers and is not compared)."""
     tokens_per_second, identical = {}, {}
+    quantized, int8_missing = int8_models(models, args, dtype)
     generator = torch.Generator().manual_seed(args.seed)
     config = models[STOCK_MARIAN].config
     pairs = (
@@ -376,9 +392,13 @@ def measure_generation(models, args, dtype) -> dict:
                 if name != STOCK_MARIAN:
                     work[name + FAST] = run(fast=True, lengths=lengths)
                     identical[f"{name}@{setting}"] = torch.equal(work[name](), work[name + FAST]())
+                if name in quantized:
+                    work[name + INT8] = functools.partial(
+                        generation_run, quantized[name], source, args.new_tokens, beams, args.device, None
+                    )(fast=True, lengths=lengths)
             for name, value in interleaved_median_seconds(work, args.repeats, args.device).items():
                 tokens_per_second[f"{name}@{setting}"] = tokens / value
-    return {"tokens_per_second": tokens_per_second, "identical": identical}
+    return {"tokens_per_second": tokens_per_second, "identical": identical, "int8_missing": int8_missing}
 
 
 def measure_decode_steps(models, args, dtype) -> dict:

@@ -7,13 +7,16 @@ import sys
 import pytest
 import torch
 
+from benchmarks import run
 from benchmarks.harness import MODEL_SIZES, build_model, count_parameters, generation_run, real_length_batch
 from benchmarks.plots import throughput_panels
-from benchmarks.run import fit_randomized_positions, parse_args, peak_flops, select_systems
+from benchmarks.run import fit_randomized_positions, int8_models, parse_args, peak_flops, select_systems
 from hf_posenc.pipeline.data.files import ParallelText
+from hf_posenc.pipeline.evaluation.quantization import is_int8
 from hf_posenc.pipeline.training import arguments
 from tests.helpers import REPO
 
+ERRORS_OFF_FP32 = "int8 decoding is measured on the CPU in float32 only (--precision fp32)"
 TINY_COMMAND = [sys.executable, "-m", "benchmarks.run", *"--config tiny --threads 1 --precision fp32".split()]
 
 
@@ -172,6 +175,30 @@ def test_the_generation_phase_with_real_lengths(tmp_path):
     assert "each output ending at its reference's" in markdown and "examples finish apart" in markdown
     results = json.loads((tmp_path / "benchmarks-tiny.json").read_text())
     assert results["generation"]["identical"] == {"rpe_head@b4k1": True, "rpe_head@b4k4": True}
+    assert "### The fast loop with int8 linear layers over `generate`" in markdown
+    if results["generation"]["int8_missing"] is None:  # measured where torch's int8 product is the faster one
+        assert {"rpe_head+int8@b4k1", "rpe_head+int8@b4k4"} <= results["generation"][
+            "tokens_per_second"
+        ].keys()
+    else:
+        assert "int8 decoding is slower than float32 on this CPU" in results["generation"]["int8_missing"]
+
+
+def test_int8_decoding_is_measured_on_the_cpu_in_float32_where_its_product_is_faster(monkeypatch):
+    models = {"marian": build_model(MODEL_SIZES["tiny"], None, "cpu").eval()}
+    models["rope"] = build_model(MODEL_SIZES["tiny"], {"position_encoding": "rope"}, "cpu").eval()
+    args = parse_args(["--config", "tiny", "--precision", "fp32"])
+    assert int8_models(models, args, torch.bfloat16) == ({}, ERRORS_OFF_FP32)
+    monkeypatch.setattr(run, "check_int8_speed", lambda: None)
+    quantized, missing = int8_models(models, args, None)
+    assert missing is None and list(quantized) == ["rope"] and is_int8(quantized["rope"])
+    assert not is_int8(models["rope"])  # a copy: the float32 system stays as it was
+
+    def slower():
+        raise ValueError("int8 decoding is slower than float32 on this CPU (...)")
+
+    monkeypatch.setattr(run, "check_int8_speed", slower)
+    assert int8_models(models, args, None) == ({}, "int8 decoding is slower than float32 on this CPU (...)")
 
 
 def test_randomized_positions_draw_below_the_longest_length_measured(tmp_path):
