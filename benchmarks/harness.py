@@ -181,9 +181,7 @@ def training_memory_bytes(model, optimizer, batch, device, autocast_dtype) -> in
 STOCK_MARIAN = "marian"  # the baseline system: transformers.MarianMTModel, built from the same config
 COMPILED = "+compile"  # the name suffix of a variant trained under torch.compile
 FAST = "+fast"  # the name suffix of a system decoded through the fast decoding loop (fast_decoding.py)
-INT8 = (
-    "+int8"  # the name suffix of a system decoded through the fast loop with int8 linear layers (CPU, fp32)
-)
+INT8 = "+int8"  # the name suffix of a system decoded through the fast loop with int8 linear layers
 
 
 @dataclass

@@ -392,10 +392,10 @@ def measure_generation(models, args, dtype) -> dict:
                 if name != STOCK_MARIAN:
                     work[name + FAST] = run(fast=True, lengths=lengths)
                     identical[f"{name}@{setting}"] = torch.equal(work[name](), work[name + FAST]())
-                if name in quantized:
-                    work[name + INT8] = functools.partial(
-                        generation_run, quantized[name], source, args.new_tokens, beams, args.device, None
-                    )(fast=True, lengths=lengths)
+                if name in quantized:  # float32 around the int8 layers (dtype is None)
+                    work[name + INT8] = generation_run(
+                        quantized[name], source, args.new_tokens, beams, args.device, dtype, True, lengths
+                    )
             for name, value in interleaved_median_seconds(work, args.repeats, args.device).items():
                 tokens_per_second[f"{name}@{setting}"] = tokens / value
     return {"tokens_per_second": tokens_per_second, "identical": identical, "int8_missing": int8_missing}
