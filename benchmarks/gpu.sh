@@ -2,7 +2,7 @@
 # The GPU figures of docs/benchmarks-gpu/ and docs/decoding.md in one call on a GPU machine (at most 9.5 minutes:
 # a 15-minute lease with the machine's start), each step under a time limit of its own so that a failing step
 # costs only its own figures:
-#   training       every main system's training step (bf16) and forward, lengths 128 and 512
+#   training       every main system's training step (bf16), lengths 128 and 512
 #   decode         per-token decoding time by prefix (10 to 400), every main system
 #   compile        base size, eager against torch.compile
 #   decode-model   the make-train model (MODEL) on the Multi30k test set: generate against the fast loop, beam 4
@@ -42,11 +42,11 @@ length_options=(learned-randomized kerple-randomized-spread attention-log-length
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm --format=csv
 python3 -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__)"
 # the steps no GPU run has measured yet first
-step training 150 "${bench[@]}" --phases training forward --lengths 128 512 --systems "${main[@]}" \
+step training 150 "${bench[@]}" --phases training --lengths 128 512 --repeats 3 --systems "${main[@]}" \
     --output_dir "$out/training"
 step decode 90 "${bench[@]}" --phases decode --precision fp32 --decode_rounds 30 --systems "${main[@]}" \
     rposnet_precomputed --output_dir "$out/decode"
-step compile 120 "${bench[@]}" --config base --phases training --compile --systems sinusoidal --lengths 512 \
+step compile 240 "${bench[@]}" --config base --phases training --compile --systems sinusoidal --lengths 512 \
     --output_dir "$out/compile"
 step decode-model 60 python3 -m benchmarks.ctranslate2_decode "$model" --device cuda --threads 1 --doc ''
 step generation 130 "${bench[@]}" --phases generation --generation_lengths real --precision fp32 --repeats 2 \

@@ -167,15 +167,27 @@ def saved_activation_bytes(model, batch, exclude_parameters: bool = False) -> in
 
 
 def training_memory_bytes(model, optimizer, batch, device, autocast_dtype) -> int:
-    """CUDA: the allocator's peak over one training step; CPU: saved activations + parameters + gradients."""
+    """CUDA: the model's parameters and optimizer state + what the allocator's peak over one training step adds
+    to what was allocated before it (the other systems' models stay resident on the device and are not
+    counted); CPU: saved activations + parameters + gradients."""
     if torch.device(device).type == "cuda":
-        torch.cuda.reset_peak_memory_stats()
+        resident = torch.cuda.memory_allocated(device)
+        torch.cuda.reset_peak_memory_stats(device)
         training_step(model, optimizer, batch, device, autocast_dtype)
-        return torch.cuda.max_memory_allocated()
+        return torch.cuda.max_memory_allocated(device) - resident + model_state_bytes(model, optimizer)
     parameter_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
     gradient_bytes = sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
     with autocast(device, autocast_dtype):
         return saved_activation_bytes(model, batch) + parameter_bytes + gradient_bytes
+
+
+def model_state_bytes(model, optimizer) -> int:
+    """Bytes of the model's parameters and of its optimizer's state tensors."""
+    tensors = [*model.parameters()]
+    tensors += [
+        value for state in optimizer.state.values() for value in state.values() if torch.is_tensor(value)
+    ]
+    return sum(tensor.numel() * tensor.element_size() for tensor in tensors)
 
 
 STOCK_MARIAN = "marian"  # the baseline system: transformers.MarianMTModel, built from the same config
