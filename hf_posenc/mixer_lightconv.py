@@ -12,6 +12,7 @@ from .base import (
     Hyperparameter,
     additive_mask,
     apply_dropout,
+    lookup_columns,
 )
 from .mixer_base import PositionMixer, zero_disallowed
 
@@ -110,13 +111,15 @@ class LightConv(PositionMixer):
         kernel = torch.softmax(self.kernel, dim=-1)
         kernel = apply_dropout(kernel, p=self.weight_dropout, training=self.training)  # (H, 2K+1)
         inside = (tap >= 0) & (tap <= 2 * self.kernel_radius)
-        weights = kernel[:, tap.clamp(0, 2 * self.kernel_radius)].transpose(0, 1)  # (B|1, H, q, k)
+        weights = lookup_columns(kernel, tap.clamp(0, 2 * self.kernel_radius)).transpose(
+            0, 1
+        )  # (B|1, H, q, k)
         weights = weights.masked_fill(~inside[:, None], 0.0).to(dtype)
         return zero_disallowed(weights, attention_mask, context, self.is_causal)
 
     def global_weights(self, tap, attention_mask, context, dtype) -> torch.Tensor:
         """Kernel logits of the clipped taps, softmax over the allowed keys of the sequence, (B|1, H, q, k)."""
         clipped = tap.clamp(0, 2 * self.kernel_radius)  # far keys take the outermost tap on their side
-        logits = self.kernel[:, clipped].transpose(0, 1).to(dtype)  # (B|1, H, q, k)
+        logits = lookup_columns(self.kernel, clipped).transpose(0, 1).to(dtype)  # (B|1, H, q, k)
         weights = torch.softmax(additive_mask(attention_mask, logits, context, self.is_causal), dim=-1)
         return apply_dropout(weights, p=self.weight_dropout, training=self.training)

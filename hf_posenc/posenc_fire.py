@@ -18,7 +18,7 @@ import torch
 from torch import nn
 from transformers import initialization as init
 
-from .base import ENCODER, Hyperparameter, PositionEncoding
+from .base import ENCODER, Hyperparameter, PositionEncoding, lookup_columns
 from .posenc_relative import distinct_distances, stack_heads_layers
 
 FIRE = (
@@ -135,7 +135,7 @@ class FirePositionEncoding(PositionEncoding):
         slopes = (active @ (weight[:, None] * output_weight)).T  # (H, W + 1)
         offsets = (active @ (bias[:, None] * output_weight)).T + self.output_bias[direction].float()[:, None]
         piece = torch.searchsorted(sorted_kinks, inputs.contiguous())  # (N, R)
-        return slopes[:, piece] * inputs + offsets[:, piece]  # (H, N, R)
+        return lookup_columns(slopes, piece) * inputs + lookup_columns(offsets, piece)  # (H, N, R)
 
     def score_bias(self, layer_idx, context):
         distances, index = distinct_distances(context)  # (R,), (B|1, q, k)
@@ -165,4 +165,4 @@ class FirePositionEncoding(PositionEncoding):
             rows = queries[:, :, None]  # s = i, (B|1, q, 1)
         flat = (rows - smallest) * values.shape[-1] + index  # (B|1, q, k)
         values = values.to(self.output_weight.dtype).flatten(1)  # (H, N * columns)
-        return values[:, flat].movedim(0, 1)  # (B|1, H, q, k)
+        return lookup_columns(values, flat).movedim(0, 1)  # (B|1, H, q, k)

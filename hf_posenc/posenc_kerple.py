@@ -16,7 +16,7 @@ import torch
 from torch import nn
 from transformers import initialization as init
 
-from .base import Hyperparameter, PositionEncoding
+from .base import Hyperparameter, PositionEncoding, lookup_columns
 from .posenc_relative import distinct_distances, stack_heads_layers
 
 KERPLE = (
@@ -100,4 +100,4 @@ class KerplePositionEncoding(PositionEncoding):
 
     def score_bias(self, layer_idx, context):
         distances, index = distinct_distances(context)  # (R,), (B|1, q, k)
-        return self.bias_per_distance(distances)[:, index].movedim(0, 1)  # (B|1, H, q, k)
+        return lookup_columns(self.bias_per_distance(distances), index).movedim(0, 1)  # (B|1, H, q, k)

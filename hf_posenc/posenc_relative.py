@@ -38,6 +38,7 @@ from .base import (
     causal_mask,
     cosine_similarity_matrix,
     full_precision,
+    lookup_columns,
 )
 
 
@@ -77,7 +78,7 @@ class DistanceBias(DerivedTables):
         if learning or (stochastic and self.training):
             self.forget(name)  # the sources may be stepped after this
             distances, index = distinct_distances(context)  # (R,), (B|1, q, k)
-            return per_distance(distances)[:, index].movedim(0, 1)  # (B|1, H, q, k)
+            return lookup_columns(per_distance(distances), index).movedim(0, 1)  # (B|1, H, q, k)
         (query_first, query_last), (key_first, key_last) = context.query_span, context.key_span
         covered = 1 << max(query_last - key_first, key_last - query_first, 0).bit_length()  # L > every |r|
         device = context.key_positions.device
@@ -89,7 +90,7 @@ class DistanceBias(DerivedTables):
 
         table = self.derived_table(name, sources, build, fits=lambda kept: kept.shape[-1] >= 2 * covered - 1)
         index = relative_distances(context) + table.shape[-1] // 2  # (B|1, q, k); r = 0 is the middle column
-        return table[:, index].movedim(0, 1)  # (B|1, H, q, k)
+        return lookup_columns(table, index).movedim(0, 1)  # (B|1, H, q, k)
 
 
 def stack_heads_layers(config, stack: str) -> tuple[int, int]:

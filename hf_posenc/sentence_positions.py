@@ -56,6 +56,7 @@ from .base import (
     PositionContext,
     PositionLimitError,
     additive_mask,
+    lookup_columns,
 )
 
 # The decoder's per-token entries in `PosEncCache.extra_state`: each token's (sentence index, position of its
@@ -176,7 +177,7 @@ class SentenceCrossAttentionBias(nn.Module):
         """`target_indices` (B, q), `source_indices` (B, S) -> (B, H, q, S)."""
         distance = source_indices[:, None, :] - target_indices[:, :, None]  # (B, q, S)
         bucket = distance.clamp(-self.max_distance, self.max_distance) + self.max_distance
-        return self.weight[:, bucket].transpose(0, 1)  # (B, H, q, S)
+        return lookup_columns(self.weight, bucket).transpose(0, 1)  # (B, H, q, S)
 
 
 class SentencePositionsMixin:
