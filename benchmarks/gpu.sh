@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# The GPU figures of docs/benchmarks-gpu/ and docs/decoding.md in one call on a GPU machine (at most 9.5 minutes:
-# a 15-minute lease with the machine's start), each step under a time limit of its own so that a failing step
-# costs only its own figures:
+# The GPU figures of docs/benchmarks-gpu/ and docs/decoding.md on a GPU machine, each step under a time limit of
+# its own so that a failing step costs only its own figures, in this order (their limits add up to 13 minutes, more
+# than one call of a 15-minute lease: STEPS picks; what finished before the call's end is in OUTDIR.tar):
 #   training       every main system's training step (bf16), lengths 128 and 512
+#   base           the same at base size, length 1024
 #   decode         per-token decoding time by prefix (10 to 400), every main system
 #   compile        base size, eager against torch.compile
 #   decode-model   the make-train model (MODEL) on the Multi30k test set: generate against the fast loop, beam 4
@@ -14,7 +15,7 @@
 set -u
 out=${1:?usage: benchmarks/gpu.sh OUTDIR}
 model=${MODEL:-outputs/multi30k-en-de-small-sinusoidal}
-steps=${STEPS:-training decode compile decode-model generation}
+steps=${STEPS:-training base decode compile decode-model generation}
 mkdir -p "$out"
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 if compgen -G ".whl/*.whl" >/dev/null; then
@@ -41,9 +42,11 @@ length_options=(learned-randomized kerple-randomized-spread attention-log-length
 
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm --format=csv
 python3 -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__)"
-# the steps no GPU run has measured yet first
+# the training steps first: they show what changes in the modules do on the GPU (measured: docs/benchmarks-gpu/)
 step training 150 "${bench[@]}" --phases training --lengths 128 512 --repeats 3 --systems "${main[@]}" \
     --output_dir "$out/training"
+step base 130 "${bench[@]}" --config base --phases training --lengths 1024 --repeats 3 --systems "${main[@]}" \
+    --output_dir "$out/base"
 step decode 90 "${bench[@]}" --phases decode --precision fp32 --decode_rounds 30 --systems "${main[@]}" \
     rposnet_precomputed --output_dir "$out/decode"
 step compile 240 "${bench[@]}" --config base --phases training --compile --systems sinusoidal --lengths 512 \
