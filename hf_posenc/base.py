@@ -4,7 +4,7 @@ A model makes two orthogonal choices (see docs/architecture.md):
 
 * a :class:`PositionEncoding` per stack (encoder, decoder) says how positions enter: it may change the
   embeddings (`embed`) and it may hook into the content attention of each self-attention layer
-  (`projection_weight_mask`, `rotate_queries_keys`, `transform_values`, `score_bias`, or a whole `attend`
+  (`projection_per_head`, `rotate_queries_keys`, `transform_values`, `score_bias`, or a whole `attend`
   of its own);
 * a :class:`TokenMixer` per attention site (encoder self-attention, decoder self-attention, cross-attention)
   says how tokens are mixed; content attention is one mixer among several.
@@ -392,10 +392,10 @@ class PositionEncoding(DescribedModule, nn.Module):
         """
         return inputs_embeds
 
-    def projection_weight_mask(self, layer_idx: int) -> torch.Tensor | None:
-        """0/1 mask (D, D) multiplied into the query/key/value projection weights of self-attention layer
-        `layer_idx` (e.g. per-head projections that read only each head's own input slice), or None."""
-        return None
+    def projection_per_head(self, layer_idx: int) -> bool:
+        """Whether the query/key/value projections of self-attention layer `layer_idx` read only each head's own
+        slice of the input: the diagonal (D_h, D_h) blocks of their weights, one product per head."""
+        return False
 
     def rotate_queries_keys(self, layer_idx: int, query, key, context: PositionContext):
         """(B, H, q, Dh), (B, H, k_new, Dh) -> same; keys are the new ones only (rotated before caching)."""

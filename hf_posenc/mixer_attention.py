@@ -115,11 +115,17 @@ class ContentAttention(TokenMixer):
         self.log_length_scaling = site in config.log_length_scaling
 
     def project(self, projection: nn.Linear, states, encoding) -> torch.Tensor:
-        """`projection(states)`, with the encoding's weight mask for this layer when it sets one."""
-        weight_mask = encoding.projection_weight_mask(self.layer_idx) if encoding is not None else None
-        if weight_mask is None:
+        """`projection(states)`, (..., D) -> (..., D); per head where the encoding asks for it in this layer: head h
+        reads input features [h D_h, (h + 1) D_h) through the weights' h-th diagonal block, so the other blocks
+        neither count nor get gradients (H times fewer products than the full matrix)."""
+        if encoding is None or not encoding.projection_per_head(self.layer_idx):
             return projection(states)
-        return nn.functional.linear(states, projection.weight * weight_mask, projection.bias)
+        heads = self.num_heads
+        blocks = projection.weight.view(heads, self.head_dim, heads, self.head_dim).diagonal(dim1=0, dim2=2)
+        rows = states.reshape(-1, heads, self.head_dim).transpose(0, 1)  # (H, N, D_h)
+        outputs = torch.bmm(rows, blocks.permute(2, 1, 0).to(rows.dtype))  # (H, N, D_h): x_h W_hh^T
+        outputs = outputs.transpose(0, 1).reshape(states.shape)
+        return outputs if projection.bias is None else outputs + projection.bias.to(outputs.dtype)
 
     def project_keys_values(self, states, context: PositionContext):
         """New keys and values (B, H, k_new, Dh), with the encoding's key rotation and value transform."""

@@ -75,11 +75,6 @@ def attention_heads(config, stack: str) -> int:
     return config.encoder_attention_heads if stack == ENCODER else config.decoder_attention_heads
 
 
-def head_block_mask(num_heads: int, head_dim: int) -> torch.Tensor:
-    """(D, D) 0/1 mask that keeps, in a projection weight (out, in), only each head's own input slice."""
-    return torch.kron(torch.eye(num_heads), torch.ones(head_dim, head_dim))
-
-
 class SimpleRecurrentUnit(nn.Module):
     """The weights of one SRU layer (Lei et al. 2018, Eq. 1-4), per direction, named like PyTorch's RNNs.
 
@@ -410,12 +405,7 @@ class RecurrentPositionEncoding(PositionEncoding):
         self.register_buffer(
             "table", marian_sinusoid_table(self.max_positions, self.word_dim), persistent=False
         )
-        per_head = config.rpe_head_projection == "per_head"
-        self.register_buffer(
-            "head_mask",
-            head_block_mask(self.num_heads, self.head_dim) if per_head else None,
-            persistent=False,
-        )
+        self.per_head = config.rpe_head_projection == "per_head"
         #: Key of the decoder's recurrent state in `PosEncCache.extra_state`.
         self.cache_key = f"{stack}_{self.name}_rnn_state"
         #: States kept per sequence: r_{j-1} (or h_{j-1}, or the SRU's c_{j-1}), and the LSTM's memory cell.
@@ -474,8 +464,6 @@ class RecurrentPositionEncoding(PositionEncoding):
 
     def reset_parameters(self):
         init.copy_(self.table, marian_sinusoid_table(self.max_positions, self.word_dim))
-        if self.head_mask is not None:
-            init.copy_(self.head_mask, head_block_mask(self.num_heads, self.head_dim))
         bound = self.rnn.hidden_size**-0.5  # PyTorch's RNN initialisation, U(-1/sqrt(h), 1/sqrt(h)); SRU too
         for weight in self.rnn.parameters():
             init.uniform_(weight, -bound, bound)
@@ -484,8 +472,8 @@ class RecurrentPositionEncoding(PositionEncoding):
         """P (B, L, d_p), R (B, L, d_r) -> the stack input (B, L, D) in the layout's head order."""
         raise NotImplementedError
 
-    def projection_weight_mask(self, layer_idx):
-        return self.head_mask if layer_idx == 0 else None
+    def projection_per_head(self, layer_idx):
+        return self.per_head and layer_idx == 0
 
     def embed(self, inputs_embeds, context, padding_mask, cache):
         check_max_positions(context, self.max_positions, self.name)

@@ -7,6 +7,7 @@ import math
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
+from torch.utils.flop_counter import FlopCounterMode
 from transformers.cache_utils import DynamicCache
 
 from hf_posenc import MarianPosEncConfig, MarianPosEncForConditionalGeneration, PosEncCache
@@ -312,6 +313,24 @@ def test_per_head_projection_reads_only_each_heads_own_slice_in_the_first_layer(
                     other_heads_moved = bool(delta[..., head_dim:].abs().max() > 0)
                     assert other_heads_moved != (first_layer_is_blocked and layer_idx == 0)
                     assert delta[..., :head_dim].abs().max() > 0
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_per_head_projection_is_the_block_diagonal_product_at_a_head_s_share_of_the_flops(layout, tiny_model):
+    """Layer 0's per-head projection equals the full product with the off-diagonal blocks zeroed, and it counts
+    1/H of the full product's FLOPs (one product per head, not a masked full matrix)."""
+    model = tiny_model(position_encoding=layout)
+    encoder = model.model.encoder
+    attention = encoder.layers[0].self_attn
+    heads, head_dim = attention.num_heads, attention.head_dim
+    block_diagonal = torch.kron(torch.eye(heads), torch.ones(head_dim, head_dim))
+    hidden = torch.randn(2, 5, heads * head_dim)
+    for projection in (attention.q_proj, attention.k_proj, attention.v_proj):
+        with FlopCounterMode(display=False) as counter:
+            projected = attention.project(projection, hidden, encoder.position_encoding)
+        expected = torch.nn.functional.linear(hidden, projection.weight * block_diagonal, projection.bias)
+        torch.testing.assert_close(projected, expected)
+        assert counter.get_total_flops() == 2 * 10 * (heads * head_dim) ** 2 // heads
 
 
 def test_the_two_layouts_differ_only_by_a_feature_permutation_under_full_projections(

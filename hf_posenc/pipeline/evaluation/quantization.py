@@ -10,7 +10,7 @@ What stays float32: the embeddings (also the shared table the output projection 
 itself is quantized from it), layer norms, position tables, convolution kernels, the recurrent cells of rpe_head
 and mpr_head (nn.RNN/GRU/LSTM and the SRU are not linear layers) and every attention product.
 
-Code that reads a linear layer's weight instead of calling it (a weight mask, a recurrence that stacks projection
+Code that reads a linear layer's weight instead of calling it (per-head blocks, a recurrence that stacks projection
 matrices, a device lookup, a table kept while its weights stay the same tensors) reads `Int8Linear.weight`: the
 dequantized weights q_w s_w in float32, so it computes with the same weights as the layer, without int8 speed.
 
