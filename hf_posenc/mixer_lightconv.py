@@ -111,9 +111,8 @@ class LightConv(PositionMixer):
         kernel = torch.softmax(self.kernel, dim=-1)
         kernel = apply_dropout(kernel, p=self.weight_dropout, training=self.training)  # (H, 2K+1)
         inside = (tap >= 0) & (tap <= 2 * self.kernel_radius)
-        weights = lookup_columns(kernel, tap.clamp(0, 2 * self.kernel_radius)).transpose(
-            0, 1
-        )  # (B|1, H, q, k)
+        clipped = tap.clamp(0, 2 * self.kernel_radius)
+        weights = lookup_columns(kernel, clipped).transpose(0, 1)  # (B|1, H, q, k)
         weights = weights.masked_fill(~inside[:, None], 0.0).to(dtype)
         return zero_disallowed(weights, attention_mask, context, self.is_causal)
 
