@@ -257,8 +257,9 @@ def per_row(values: torch.Tensor, rows: int) -> torch.Tensor:
 
 
 class SourceTiedEosBlock(LogitsProcessor):
-    """Bans `</s>` in the rows where `blocked(hypotheses)` holds, unless `</s>` is the row's only finite token. Its
-    id tensors are made on `device`, the decoding device, once (none is copied at a step)."""
+    """Bans `</s>` in the rows where `blocked(hypotheses)` holds, unless `</s>` is the row's only allowed token (every
+    other score -inf). Its id tensors are made on `device`, the decoding device, once (none is copied at a step).
+    It writes into `scores` (the `</s>` columns only) and reads the rest once (each row's largest other score)."""
 
     def __init__(self, eos_token_ids: list[int], prompt_length: int, device=None):
         self.eos_token_ids = torch.tensor(eos_token_ids, dtype=torch.long, device=device)
@@ -275,11 +276,12 @@ class SourceTiedEosBlock(LogitsProcessor):
         setattr(self, self.per_example, values[examples.to(values.device)])
 
     def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
-        is_eos = torch.zeros(scores.shape[-1], dtype=torch.bool, device=scores.device)
-        is_eos[self.eos_token_ids] = True  # (V,)
-        has_other = torch.isfinite(scores.masked_fill(is_eos, -math.inf)).any(-1)  # (rows,)
-        ban = self.blocked(input_ids[:, self.prompt_length :]) & has_other  # (rows,)
-        return scores.masked_fill(ban[:, None] & is_eos, -math.inf)  # (rows, V)
+        blocked = self.blocked(input_ids[:, self.prompt_length :])  # (rows,)
+        eos_scores = scores[:, self.eos_token_ids]  # (rows, E)
+        scores[:, self.eos_token_ids] = -math.inf
+        has_other = scores.amax(-1) > -math.inf  # (rows,): a token besides </s> is allowed
+        scores[:, self.eos_token_ids] = eos_scores.masked_fill((blocked & has_other)[:, None], -math.inf)
+        return scores  # (rows, V)
 
 
 class MinLengthRatioLogitsProcessor(SourceTiedEosBlock):
