@@ -37,7 +37,7 @@ the source, per example of the batch, and are read from the generation config by
   above is on and the generation config leaves `no_repeat_ngram_size` unset (None), `generate` sets it to
   `LOOP_GUARD_NGRAM_SIZE`; 0 turns the guard off explicitly.
 
-A row whose only finite token is `</s>` (the budget's last step under `forced_eos_token_id`) keeps it: the two
+A row whose only allowed token is `</s>` (the budget's last step under `forced_eos_token_id`) keeps it: the two
 `</s>` bans never leave a row without a token. The processors read only the ids of the hypothesis and the
 per-example source figures, which `repeat_interleave` spreads over beams or returned sequences, so they hold
 no state to reorder and give the same result with and without the cache.
