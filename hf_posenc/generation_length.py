@@ -259,7 +259,8 @@ def per_row(values: torch.Tensor, rows: int) -> torch.Tensor:
 class SourceTiedEosBlock(LogitsProcessor):
     """Bans `</s>` in the rows where `blocked(hypotheses)` holds, unless `</s>` is the row's only allowed token (every
     other score -inf). Its id tensors are made on `device`, the decoding device, once (none is copied at a step).
-    It writes into `scores` (the `</s>` columns only) and reads the rest once (each row's largest other score)."""
+    It leaves `scores` as it is (greedy search keeps that tensor as the raw logits): one copy, whose `</s>` columns
+    it writes, and one reading of the other scores (each row's largest)."""
 
     def __init__(self, eos_token_ids: list[int], prompt_length: int, device=None):
         self.eos_token_ids = torch.tensor(eos_token_ids, dtype=torch.long, device=device)
@@ -277,11 +278,12 @@ class SourceTiedEosBlock(LogitsProcessor):
 
     def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
         blocked = self.blocked(input_ids[:, self.prompt_length :])  # (rows,)
-        eos_scores = scores[:, self.eos_token_ids]  # (rows, E)
-        scores[:, self.eos_token_ids] = -math.inf
-        has_other = scores.amax(-1) > -math.inf  # (rows,): a token besides </s> is allowed
-        scores[:, self.eos_token_ids] = eos_scores.masked_fill((blocked & has_other)[:, None], -math.inf)
-        return scores  # (rows, V)
+        processed = scores.clone()  # (rows, V)
+        processed[:, self.eos_token_ids] = -math.inf
+        has_other = processed.amax(-1) > -math.inf  # (rows,): a token besides </s> is allowed
+        ban = (blocked & has_other)[:, None]  # (rows, 1)
+        processed[:, self.eos_token_ids] = scores[:, self.eos_token_ids].masked_fill(ban, -math.inf)
+        return processed
 
 
 class MinLengthRatioLogitsProcessor(SourceTiedEosBlock):

@@ -76,20 +76,21 @@ def test_min_length_ratio_holds_for_each_example_of_the_batch(num_beams, eager_m
     assert lengths(generated) == expected  # `</s>` comes as soon as it is allowed, per example
 
 
-def test_the_eos_ban_writes_the_eos_columns_only_and_keeps_eos_where_nothing_else_is_allowed():
+def test_the_eos_ban_changes_the_eos_columns_only_and_keeps_eos_where_nothing_else_is_allowed():
     """`SourceTiedEosBlock` (here through `MinLengthRatioLogitsProcessor`): in the rows still too short `</s>` gets
-    -inf unless it is the row's only allowed token; every other score stays as it was, in place."""
+    -inf unless it is the row's only allowed token; every other score stays as it was, and the input is left as it
+    is (greedy search keeps it as the raw logits)."""
     eos_ids = [EOS, 5]
     processor = MinLengthRatioLogitsProcessor(torch.tensor([4, 1]), eos_ids, prompt_length=1)
     scores = torch.randn(4, 9)  # rows 0-1: example 0 (too short), rows 2-3: example 1 (long enough)
     scores[1] = -math.inf
     scores[1, eos_ids] = 0.5  # only </s> is allowed: it stays
+    given = scores.clone()
     expected = scores.clone()
     expected[0, eos_ids] = -math.inf
     hypotheses = torch.full((4, 2), 7)  # the start token and one token: with </s> 2 tokens, below 4
-    returned = processor(hypotheses, scores)
-    assert returned is scores
-    assert torch.equal(returned, expected)
+    assert torch.equal(processor(hypotheses, scores), expected)
+    assert torch.equal(scores, given)
 
 
 @pytest.mark.parametrize("num_beams", [1, 4])
