@@ -191,34 +191,15 @@ def apply_dropout(hidden: torch.Tensor, p: float, training: bool) -> torch.Tenso
     return hidden * (draws < kept - DROPOUT_RESOLUTION // 2) * (DROPOUT_RESOLUTION / kept)
 
 
-class ColumnLookup(torch.autograd.Function):
-    """`table[:, index]` whose backward sums the gradient into the table with `index_add_`."""
-
-    @staticmethod
-    def forward(ctx, table, index):
-        ctx.save_for_backward(index)
-        ctx.columns = table.shape[1]
-        return table.index_select(1, index.flatten()).view(table.shape[0], *index.shape)
-
-    @staticmethod
-    def backward(ctx, grad):
-        (index,) = ctx.saved_tensors
-        rows = grad.shape[0]
-        table_grad = grad.new_zeros(rows, ctx.columns)
-        return table_grad.index_add_(1, index.flatten(), grad.reshape(rows, -1)), None
-
-
 def lookup_columns(table: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
     """`table[:, index]`, (R, C) and (...) -> (R, ...), for a small table read at many more places (a kernel's
-    taps, FIRE's pieces, a bias per distance over (q, k)). Advanced indexing's backward accumulates the repeated
-    indices one after the other: on the CPU 3.3 vs 0.9 ms forward + backward for a (4, 33) table at a (512, 512)
-    index and 36 vs 18 ms for (8, 33) at (1024, 1024) (one thread, AMD EPYC with AVX512), and on CUDA its
-    kernel gives each distinct index one warp that walks all of its repeats (pytorch/pytorch#41162).
-    `index_add_` sums them in one pass over the index (atomic adds on CUDA, deterministic in torch's deterministic
-    mode)."""
-    if not (torch.is_grad_enabled() and table.requires_grad):
-        return table[:, index]
-    return ColumnLookup.apply(table, index)
+    taps, FIRE's pieces, a bias per distance over (q, k)), through `index_select`, whose backward sums the
+    gradient with `index_add_` in one pass over the index (atomic adds on CUDA, deterministic in torch's
+    deterministic mode). Advanced indexing's backward accumulates the repeated indices one after the other: on
+    the CPU 3.2 vs 0.9 ms forward + backward for a (4, 33) table at a (512, 512) index and 40 vs 22 ms for (8, 33)
+    at (1024, 1024) (one thread, AMD EPYC with AVX512), and on CUDA its kernel gives each distinct index one warp
+    that walks all of its repeats (pytorch/pytorch#41162)."""
+    return table.index_select(1, index.flatten()).view(table.shape[0], *index.shape)
 
 
 @dataclass(frozen=True)

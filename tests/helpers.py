@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -109,3 +110,15 @@ def record_positions(model, monkeypatch) -> dict[str, list]:
             ),
         )
     return seen
+
+
+class RecordedOps(TorchDispatchMode):
+    """The aten operators run under it, in `ops` (a set)."""
+
+    def __init__(self):
+        super().__init__()
+        self.ops = set()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.ops.add(func)
+        return func(*args, **(kwargs or {}))

@@ -8,7 +8,6 @@ import re
 
 import pytest
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 from transformers import LogitsProcessor, LogitsProcessorList
 from transformers.generation.logits_process import (
     MinLengthLogitsProcessor,
@@ -17,7 +16,7 @@ from transformers.generation.logits_process import (
 )
 
 from hf_posenc import fast_decoding
-from tests.helpers import EOS, PAD, VOCAB
+from tests.helpers import EOS, PAD, VOCAB, RecordedOps
 
 END = 5  # a sentence-end token of these tests
 
@@ -133,24 +132,18 @@ def test_a_selection_copies_whole_rows_of_every_cache_with_index_select(copier, 
     """The rows an example's end leaves are dropped from every cache (self- and cross-attention, the RNN state),
     the encoder output and the mask with `index_select`, never with advanced indexing (`aten.index`: 3.5x as long
     for a (256, 4, 32, 64) cache)."""
-    ops = []
-
-    class Ops(TorchDispatchMode):
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            ops.append(func)
-            return func(*args, **(kwargs or {}))
-
+    recorder = RecordedOps()
     select = fast_decoding.Decoder.select
 
     def recorded(self, rows):
-        with Ops():
+        with recorder:
             select(self, rows)
 
     monkeypatch.setattr(fast_decoding.Decoder, "select", recorded)
     ids, mask = sources
     copier.generate(ids, attention_mask=mask, max_new_tokens=16, num_beams=4, fast_decoding=True)
-    assert torch.ops.aten.index_select.default in ops
-    assert torch.ops.aten.index.Tensor not in ops
+    assert torch.ops.aten.index_select.default in recorder.ops
+    assert torch.ops.aten.index.Tensor not in recorder.ops
 
 
 @pytest.mark.parametrize("num_beams", [1, 4])

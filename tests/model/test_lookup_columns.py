@@ -3,8 +3,9 @@
 import pytest
 import torch
 
-from hf_posenc import MarianPosEncForConditionalGeneration, base
+from hf_posenc import MarianPosEncForConditionalGeneration
 from hf_posenc.base import lookup_columns
+from tests.helpers import RecordedOps
 
 
 @pytest.mark.parametrize("shape", [(1, 40, 40), (3, 7, 11), (5,)])
@@ -34,24 +35,19 @@ SMALL_TABLE_SYSTEMS = {
 
 
 @pytest.mark.parametrize("overrides", SMALL_TABLE_SYSTEMS.values(), ids=SMALL_TABLE_SYSTEMS)
-def test_training_reads_small_tables_through_the_lookup(overrides, tiny_config, monkeypatch):
+def test_training_reads_small_tables_through_the_lookup(overrides, tiny_config):
     """A training step of each module that reads a kernel, FIRE's pieces or a bias per distance at every
-    (query, key) pair goes through `ColumnLookup`; without gradients it is plain indexing."""
-    backwards, lookup = [], base.ColumnLookup
-
-    class CountingLookup(lookup):
-        @staticmethod
-        def backward(ctx, grad):
-            backwards.append(grad.shape)
-            return lookup.backward(ctx, grad)
-
-    monkeypatch.setattr(base, "ColumnLookup", CountingLookup)
+    (query, key) pair sums their gradients with `index_add_` (the lookup's `index_select`), never with advanced
+    indexing's accumulating `index_put_`; without gradients the tables are read with `index_select` alone."""
     torch.manual_seed(0)
     model = MarianPosEncForConditionalGeneration(tiny_config(**overrides)).train()
     batch = {"input_ids": torch.randint(2, 60, (2, 9)), "labels": torch.randint(2, 60, (2, 7))}
-    model(**batch).loss.backward()
-    assert backwards
-    backwards.clear()
-    with torch.no_grad():
+    loss = model(**batch).loss
+    with RecordedOps() as backward:
+        loss.backward()
+    assert torch.ops.aten.index_add.default in backward.ops
+    assert torch.ops.aten._index_put_impl_.default not in backward.ops
+    with torch.no_grad(), RecordedOps() as forward:
         model(**batch)
-    assert not backwards
+    assert torch.ops.aten.index_select.default in forward.ops
+    assert torch.ops.aten.index_add.default not in forward.ops
