@@ -446,6 +446,9 @@ class TokenMixer(DescribedModule, nn.Module):
     #: True for mixers whose weights honour every key the mask they receive excludes, so that the attention
     #: windows (`attention_window`, `cross_attention_window`; attention_windows.py) hold at their sites.
     supports_attention_windows = False
+    #: True for cross-attention mixers that take the queries of an example's N beams (B·N, ..., 1, D) against one
+    #: copy of its cached keys and values (B, ...): the fast loop's `shared_cross_attention` (fast_decoding.py).
+    supports_shared_cross_attention = False
 
     def __init__(self, config, site: str, layer_idx: int):
         super().__init__()

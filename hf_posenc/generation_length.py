@@ -50,7 +50,7 @@ import torch
 from transformers import LogitsProcessor, LogitsProcessorList
 
 from .base import is_number
-from .fast_decoding import FAST_DECODING, fast_generate, resolved_settings
+from .fast_decoding import FAST_DECODING, SHARED_CROSS_ATTENTION, fast_generate, resolved_settings
 from .model_checks import check_generation_settings
 
 MIN_LENGTH_RATIO = "min_length_ratio"
@@ -460,6 +460,11 @@ class LengthControlGenerationMixin:
             logits_processor = self.length_control(control, settings, source, logits_processor, kwargs)
         if kwargs.pop(FAST_DECODING, getattr(settings, FAST_DECODING, False)):
             return self.generate_fast(source, settings, logits_processor, kwargs)
+        if kwargs.pop(SHARED_CROSS_ATTENTION, False):
+            raise ValueError(
+                f"{SHARED_CROSS_ATTENTION}=True is a setting of the fast loop, which is off for this call: pass "
+                "fast_decoding=True with it (transformers' loop keeps a copy of the keys for each beam)"
+            )
         return super().generate(
             inputs, generation_config=generation_config, logits_processor=logits_processor, **kwargs
         )

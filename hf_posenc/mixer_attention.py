@@ -71,6 +71,23 @@ def eager_attention(module, query, key, value, attention_mask, scaling, dropout=
     return output, weights
 
 
+def beams_as_queries(query, attention_mask, beams: int):
+    """The one-token queries of N beams per example, (B·N, H, 1, Dh), as N queries of each example, (B, H, N, Dh),
+    and their mask (B·N, H|1, 1, k) as (B, H|1, N, k): the attention's output (B, N, H, Dh) is then the beams'
+    rows in order (`shared_cross_attention`, fast_decoding.py)."""
+    rows, heads, length, dim = query.shape
+    if length != 1:
+        raise ValueError(
+            f"shared cross-attention takes one new token per beam, got {length}: the keys of an example are "
+            "shared by its beams only while decoding step by step"
+        )
+    query = query.view(rows // beams, beams, heads, dim).transpose(1, 2)
+    if attention_mask is not None and attention_mask.shape[0] != 1:
+        mask_heads, keys = attention_mask.shape[1], attention_mask.shape[-1]
+        attention_mask = attention_mask.view(rows // beams, beams, mask_heads, keys).transpose(1, 2)
+    return query, attention_mask
+
+
 class ContentAttention(TokenMixer):
     """Multi-head scaled dot-product attention with the position-encoding hooks of `PositionEncoding`."""
 
@@ -100,6 +117,8 @@ class ContentAttention(TokenMixer):
     supports_sentence_positions = True
     # Scores outside the mask are dropped whatever the encoding adds (attention windows).
     supports_attention_windows = True
+    # An example's beams may read one copy of its cross-attention keys and values (`beams_as_queries`).
+    supports_shared_cross_attention = True
 
     def __init__(self, config, site, layer_idx):
         super().__init__(config, site, layer_idx)
@@ -164,6 +183,9 @@ class ContentAttention(TokenMixer):
             if encoding is not None:
                 query, key = encoding.rotate_queries_keys(self.layer_idx, query, key, context)
             key, value = update_site_cache(self, past_key_values, key, value)
+        beams = query.shape[0] // key.shape[0]  # > 1: an example's beams share one copy of its cross keys
+        if beams > 1:
+            query, attention_mask = beams_as_queries(query, attention_mask, beams)
 
         if self.log_length_scaling:  # logits times log n, through the queries (B, H, q, Dh)
             query = query * log_key_counts(attention_mask, query, key, self.is_causal)

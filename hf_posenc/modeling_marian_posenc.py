@@ -546,9 +546,9 @@ class MarianPosEncForConditionalGeneration(
             default,
         ) in LENGTH_CONTROL_DEFAULTS.items():  # off; `generate` reads them (generation_length.py)
             setattr(self.generation_config, key, default)
-        self.generation_config.fast_decoding = (
-            False  # transformers' loop unless switched on (fast_decoding.py)
-        )
+        # transformers' loop unless switched on, and the fast loop token-identical to it (fast_decoding.py)
+        self.generation_config.fast_decoding = False
+        self.generation_config.shared_cross_attention = False
         self.generation_config._from_model_config = False  # a deliberate config: keep it on save/load
 
     def save_pretrained(self, *args, **kwargs):

@@ -167,6 +167,50 @@ def test_fast_decoding_returns_generates_sequences(num_beams, overrides, source_
     assert torch.equal(model.generate(src, fast_decoding=True, **kwargs), expected)
 
 
+def shared_decoding_logits(model, src, mask, shared: bool) -> tuple[list[torch.Tensor], int]:
+    """The fast loop's `Decoder` over 4 beams per example for 4 steps: every beam its own tokens, the beams
+    reordered within their example after each step and the first example dropped after the second; the logits of
+    each step and the rows of the cross-attention cache."""
+    from hf_posenc.fast_decoding import Decoder
+
+    encoder_outputs = model.get_encoder()(input_ids=src, attention_mask=mask, return_dict=True)
+    step = Decoder(model, encoder_outputs, mask, num_beams=4, shared=shared)
+    generator = torch.Generator().manual_seed(0)
+    tokens, examples, logits = torch.full((4 * len(src),), model.config.decoder_start_token_id), len(src), []
+    with torch.no_grad():
+        for index in range(4):
+            logits.append(step(tokens))
+            order = torch.stack([torch.randperm(4, generator=generator) for _ in range(examples)])  # (B, 4)
+            rows = (order + 4 * torch.arange(examples)[:, None]).view(-1)
+            if index == 1:  # the first example leaves, the others' beams reordered in the same selection
+                rows, examples = rows[4:], examples - 1
+                step.select(rows)
+            else:
+                step.cache.reorder_cache(rows)
+            tokens = torch.randint(2, VOCAB, (4 * examples,), generator=generator)
+    return logits, step.cache.cross_attention_cache.layers[0].keys.shape[0]
+
+
+@parametrize_variants
+def test_shared_cross_attention_computes_what_a_copy_per_beam_computes(overrides, source_batch, tiny_model):
+    """The fast loop's `shared_cross_attention` (int8 decoding turns it on): an example's beams query one copy of
+    its cross-attention keys and values, where every cross-attention mixer supports it (else they keep a copy
+    each). Each step's logits equal those with a copy per beam up to float rounding, whatever each beam's own
+    tokens add to the cross-attention mask (the sentence bias, windows) or its queries (log-length scaling)."""
+    model = tiny_model(**overrides)
+    src, mask = source_batch()
+    copies, copy_rows = shared_decoding_logits(model, src, mask, shared=False)
+    shared, shared_rows = shared_decoding_logits(model, src, mask, shared=True)
+    supported = all(
+        layer.encoder_attn.supports_shared_cross_attention for layer in model.model.decoder.layers
+    )
+    assert (copy_rows, shared_rows) == (4 * (len(src) - 1), len(src) - 1 if supported else 4 * (len(src) - 1))
+    for step_copies, step_shared in zip(copies, shared, strict=True):
+        finite = torch.isfinite(step_copies)
+        assert torch.equal(finite, torch.isfinite(step_shared))
+        torch.testing.assert_close(step_shared[finite], step_copies[finite], atol=1e-5, rtol=1e-5)
+
+
 @parametrize_variants
 def test_save_then_auto_load_gives_identical_logits(
     overrides, tmp_path, source_batch, target_batch, tiny_model

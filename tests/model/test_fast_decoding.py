@@ -78,6 +78,50 @@ def test_the_fast_loop_returns_generates_sequences(num_beams, settings, copier, 
     assert torch.equal(copier.generate(ids, fast_decoding=True, **kwargs), expected)
 
 
+@pytest.mark.parametrize("share", [16, 2], ids=["compact-default", "compact-at-half"])
+@pytest.mark.parametrize(
+    "settings",
+    [
+        {},
+        {"min_length_ratio": 1.2, "word_reward": 0.1},
+        {"window_sentences": 1, "sentence_end_token_ids": [END]},
+    ],
+    ids=["plain", "length-control", "windows"],
+)
+def test_shared_cross_attention_keeps_one_copy_per_example_and_the_same_translations(
+    settings, share, copier, sources, monkeypatch
+):
+    """With `shared_cross_attention`, the cross-attention cache holds one row per example (not per beam), also after
+    finished examples leave (at every selection), and the trained copier's beams choose the tokens they choose
+    with a copy per beam (float rounding apart, which moves no choice of this model)."""
+    ids, mask = sources
+    ids = ids.clone()
+    ids[::3, 2] = END
+    kwargs = dict(attention_mask=mask, max_new_tokens=16, num_beams=4, length_penalty=0.6, **settings)
+    expected = copier.generate(ids, **kwargs)
+    shapes = []
+    select = fast_decoding.Decoder.select
+
+    def spy(self, rows):
+        select(self, rows)
+        shapes.append((len(rows), self.cache.cross_attention_cache.layers[0].keys.shape[0]))
+
+    monkeypatch.setattr(fast_decoding.Decoder, "select", spy)
+    monkeypatch.setattr(fast_decoding, "COMPACT_SHARE", share)
+    assert torch.equal(
+        copier.generate(ids, fast_decoding=True, shared_cross_attention=True, **kwargs), expected
+    )
+    assert shapes and all(rows == 4 * examples for rows, examples in shapes)
+
+
+def test_shared_cross_attention_needs_the_fast_loop(copier, sources):
+    ids, mask = sources
+    with pytest.raises(
+        ValueError, match="shared_cross_attention=True is a setting of the fast loop.*fast_decoding=True"
+    ):
+        copier.generate(ids, attention_mask=mask, max_new_tokens=3, num_beams=4, shared_cross_attention=True)
+
+
 @pytest.mark.parametrize("length", [3, 4, 5, 6, 9])
 def test_the_token_bans_compute_what_transformers_processors_compute(length):
     """`BanTokens` against transformers' NoBadWords (single tokens, the end token among them dropped), MinLength
@@ -204,8 +248,17 @@ def test_the_saved_switch_turns_it_on(copier, sources, monkeypatch):
         ({"repetition_penalty": 1.3}, "repetition_penalty=1.3"),
         ({"bad_words_ids": [[7, 8]]}, "bad_words_ids=[[7, 8]] (only single tokens)"),
         ({"eos_token_id": [1, 2]}, "eos_token_id=[1, 2] (one end token)"),
+        ({"shared_cross_attention": "yes"}, "shared_cross_attention='yes' (True or False)"),
     ],
-    ids=["sampling", "several-sequences", "scores", "repetition-penalty", "bad-word-pairs", "two-ends"],
+    ids=[
+        "sampling",
+        "several-sequences",
+        "scores",
+        "repetition-penalty",
+        "bad-word-pairs",
+        "two-ends",
+        "shared",
+    ],
 )
 def test_what_it_cannot_serve_is_refused_by_name(settings, words, tiny_model, source_batch):
     ids, mask = source_batch()

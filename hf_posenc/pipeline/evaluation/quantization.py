@@ -163,10 +163,12 @@ def check_int8_speed() -> None:
 
 def quantize_int8(model: nn.Module, *, inplace: bool = False) -> nn.Module:
     """`model` with every `nn.Linear` replaced by an `Int8Linear` and every parameter frozen (requires_grad=False),
-    for inference on the CPU (module docstring). Returns a copy and leaves `model` as it was, unless `inplace`,
-    which changes `model` itself (and saves the copy's memory). The model must be in eval mode, on the CPU, with
-    float32 linear layers (`check_quantizable`), and int8 products faster than float32 ones on this CPU
-    (`check_int8_speed`); an int8 model refuses train(True) and inputs that need gradients."""
+    for inference on the CPU (module docstring). An hf_posenc model's fast loop then lets the beams of an example
+    share its cross-attention keys (generation config `shared_cross_attention`: int8 decoding is not
+    token-identical to float32 `generate` in any case; fast_decoding.py). Returns a copy and leaves `model` as it
+    was, unless `inplace`, which changes `model` itself (and saves the copy's memory). The model must be in eval
+    mode, on the CPU, with float32 linear layers (`check_quantizable`), and int8 products faster than float32 ones
+    on this CPU (`check_int8_speed`); an int8 model refuses train(True) and inputs that need gradients."""
     if not isinstance(inplace, bool):
         raise TypeError(f"inplace={inplace!r} must be True or False")
     check_quantizable(model)
@@ -179,6 +181,8 @@ def quantize_int8(model: nn.Module, *, inplace: bool = False) -> nn.Module:
             replacements[id(linear)] = Int8Linear(linear)
         parent, _, child = name.rpartition(".")
         setattr(model.get_submodule(parent), child, replacements[id(linear)])
+    if hasattr(model, "generate_fast"):
+        model.generation_config.shared_cross_attention = True
     return model.requires_grad_(False)
 
 
