@@ -35,7 +35,7 @@ from hf_posenc.pipeline.evaluation.decoding import load_translation_model, trans
 from hf_posenc.pipeline.evaluation.quantization import quantize_int8
 from hf_posenc.pipeline.evaluation.scoring import score_translations
 from hf_posenc.pipeline.export.ctranslate2 import CTranslate2Model, export_ctranslate2
-from hf_posenc.pipeline.training.hardware import describe_hardware, keep_freed_memory
+from hf_posenc.pipeline.training.hardware import add_cpu_memory_flag, describe_hardware, keep_freed_memory
 
 from .plots import write_engines_plot
 from .systems import MULTI30K
@@ -190,12 +190,7 @@ def main():
         help="besides generate (always run): default all on the CPU, fast elsewhere",
     )
     parser.add_argument("--device", default="cpu", help="torch device the model decodes on (cpu, cuda, ...)")
-    parser.add_argument(
-        "--cpu_memory",
-        choices=["reuse", "release"],
-        default="reuse",
-        help="as hf-posenc-evaluate's, for every system: reuse keeps freed memory in the process (default)",
-    )
+    add_cpu_memory_flag(parser)  # for every system
     parser.add_argument("--doc", default=str(DOC), help="markdown file whose measured section is replaced")
     parser.add_argument(
         "--plot",

@@ -11,7 +11,13 @@ from ...generation_length import NEEDS_SENTENCE_ENDS, sentence_boundary_settings
 from ..cli import check_number
 from ..data.files import read_lines, read_parallel
 from ..export.ctranslate2 import is_ctranslate2_folder, translate_ctranslate2
-from ..training.hardware import PrecisionChoice, choose_precision, describe_hardware, keep_freed_memory
+from ..training.hardware import (
+    PrecisionChoice,
+    add_cpu_memory_flag,
+    choose_precision,
+    describe_hardware,
+    keep_freed_memory,
+)
 from .decoding import load_translation_model, translate
 from .scoring import check_aligned, ngram_sweep, paired_bootstrap, plot_ngram_sweep, score_translations
 
@@ -182,14 +188,7 @@ def evaluate_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="decode with int8 linear layers (torch, CPU, float32 elsewhere; docs/decoding.md)",
     )
-    parser.add_argument(
-        "--cpu_memory",
-        choices=["reuse", "release"],
-        default="reuse",
-        help="reuse: on the CPU under glibc, keep freed tensors' memory in the process for the next decoding step "
-        "(no page faults on every vocabulary-sized tensor; docs/decoding.md, Freed memory); "
-        "release: the C library's default",
-    )
+    add_cpu_memory_flag(parser)
     add_length_control_flags(parser)
     parser.add_argument("--output", default=None, help="JSON path (default <model>/evaluation.json)")
     return parser

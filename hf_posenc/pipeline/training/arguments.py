@@ -33,6 +33,7 @@ from ..data.augmentation import check_augmentation
 from ..data.batching import check_length_buckets
 from ..data.files import data_root, data_root_hint
 from .argument_checks import check_combinations, check_hub, check_numbers, check_recipe_values
+from .hardware import CPU_MEMORY
 from .pretrained import pretrained_config
 
 RECIPES = Path(__file__).resolve().parent / "recipes"
@@ -68,8 +69,8 @@ class RunArguments:
             "of a one-process CPU run; all cores otherwise)"
         },
     )
-    cpu_memory: Literal["reuse", "release"] = field(
-        default="reuse",
+    cpu_memory: Literal[CPU_MEMORY] = field(
+        default=CPU_MEMORY[0],
         metadata={
             "help": "reuse: on the CPU under glibc, keep freed tensors' memory in the process for the next update "
             "(no page faults on every large tensor, pipeline/training/hardware.py keep_freed_memory); release: the C "

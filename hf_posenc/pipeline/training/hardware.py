@@ -158,6 +158,23 @@ def check_compiler(compile: bool, backend: str | None, device) -> None:
         ) from None
 
 
+# The values of --cpu_memory (train.py, hf-posenc-evaluate, the decoding benchmark), the default first: "reuse" keeps
+# freed memory in the process (`keep_freed_memory`), "release" leaves the C library's default.
+CPU_MEMORY = ("reuse", "release")
+
+
+def add_cpu_memory_flag(parser) -> None:
+    """`--cpu_memory` of a command that decodes (argparse; train.py's is a field of `RunArguments`)."""
+    parser.add_argument(
+        "--cpu_memory",
+        choices=CPU_MEMORY,
+        default=CPU_MEMORY[0],
+        help="reuse: on the CPU under glibc, keep freed tensors' memory in the process for the next decoding step "
+        "(no page faults on every vocabulary-sized tensor; docs/decoding.md, Freed memory); "
+        "release: the C library's default",
+    )
+
+
 def keep_freed_memory(device) -> bool:
     """On the CPU under glibc, serve every tensor from the heap and keep freed memory there for the next update
     or decoding step.
