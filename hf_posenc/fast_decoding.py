@@ -138,10 +138,8 @@ class Decoder:
         # rows per example until the first step, where every beam holds the start token
         self.repeats = num_beams
         mixers = [module for module in model.modules() if getattr(module, "is_cross_attention", False)]
-        supported = all(mixer.supports_shared_cross_attention for mixer in mixers)
-        self.sharing = (
-            num_beams if shared and supported and num_beams > 1 else 1
-        )  # beams per cross-attention row
+        shared = shared and all(mixer.supports_shared_cross_attention for mixer in mixers)
+        self.sharing = num_beams if shared else 1  # beams per row of the cross-attention cache
 
     def select(self, rows: torch.LongTensor) -> None:
         """Keep `rows` only, in their order (whole examples' beams together where they share the cross-attention

@@ -177,15 +177,16 @@ class ContentAttention(TokenMixer):
         cached = cached_cross_attention_states(self, past_key_values)
         if cached is not None:
             key, value = cached
+            if key.shape[0] < query.shape[0]:  # an example's beams share one copy of its keys (fast loop)
+                query, attention_mask = beams_as_queries(
+                    query, attention_mask, query.shape[0] // key.shape[0]
+                )
         else:
             states = key_value_states if self.is_cross_attention else hidden_states
             key, value = self.project_keys_values(states, context)
             if encoding is not None:
                 query, key = encoding.rotate_queries_keys(self.layer_idx, query, key, context)
             key, value = update_site_cache(self, past_key_values, key, value)
-        beams = query.shape[0] // key.shape[0]  # > 1: an example's beams share one copy of its cross keys
-        if beams > 1:
-            query, attention_mask = beams_as_queries(query, attention_mask, beams)
 
         if self.log_length_scaling:  # logits times log n, through the queries (B, H, q, Dh)
             query = query * log_key_counts(attention_mask, query, key, self.is_causal)

@@ -290,9 +290,12 @@ def decode_with_model(args, model_dir: Path, sources: list[str]) -> tuple[list[s
     overrides.update(length_control_flags(args))
     overrides.update(sentence_ends_for_the_count(overrides, model, tokenizer))
     precision = decoding_precision(args, model)
-    print(f"decoding in {precision.line()}" + (", int8 linear layers" if args.int8 else ""))
+    # int8 lets an example's beams share its cross-attention keys (not token-identical; docs/decoding.md)
+    shared = bool(getattr(model.generation_config, "shared_cross_attention", False))
+    shared_words = ", the beams sharing the cross-attention keys" if shared else ""
+    print(f"decoding in {precision.line()}" + (", int8 linear layers" if args.int8 else "") + shared_words)
     decoding = {"precision": precision.as_dict(), "hardware": describe_hardware(model.device).as_dict()}
-    decoding["int8"] = args.int8
+    decoding["int8"], decoding["shared_cross_attention"] = args.int8, shared
     decoding["cpu_memory_reused"] = args.cpu_memory == "reuse" and keep_freed_memory(model.device)
     hypotheses = translate(
         model,

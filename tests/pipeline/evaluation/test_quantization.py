@@ -225,10 +225,14 @@ def test_the_evaluate_command_decodes_in_int8(model_dir, texts, tmp_path, monkey
     report = evaluate_main([str(folder), *test_set, "--int8", "--num_beams", "2", "--output", str(output)])
     saved = json.loads(output.read_text())
     assert decoded_int8 == [True] and report["int8"] is True and saved["int8"] is True
+    assert saved["shared_cross_attention"] is True  # int8 turns it on: the record says so
     assert saved["precision"]["precision"] == "fp32" and "int8" in saved["precision"]["reason"]
     assert len((folder / "evaluation.hyp").read_text().splitlines()) == len(SOURCES)
     evaluate_main([str(folder), *test_set, "--precision", "fp32", "--output", str(output)])
-    assert decoded_int8 == [True, False] and json.loads(output.read_text())["int8"] is False
+    saved = json.loads(output.read_text())
+    assert (
+        decoded_int8 == [True, False] and saved["int8"] is False and saved["shared_cross_attention"] is False
+    )
 
 
 @pytest.mark.parametrize(
