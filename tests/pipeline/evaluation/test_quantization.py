@@ -83,7 +83,7 @@ def test_every_linear_layer_is_replaced_and_the_float32_model_is_left_as_it_was(
     quantized = quantize_int8(model)
     assert linears > 0 and int8_count(quantized) == linears and linear_count(quantized) == 0
     assert is_int8(quantized) and not is_int8(model)
-    # int8 is not token-identical to float32 in any case: its fast loop shares the cross-attention keys of a beam
+    # int8 is not token-identical to float32 in any case: its fast loop lets the beams of an example share its cross-attention keys
     assert (
         quantized.generation_config.shared_cross_attention
         and not model.generation_config.shared_cross_attention
