@@ -358,7 +358,8 @@ def int8_section(generation: dict, names: list[str], settings: list[str]) -> lis
     return [
         heading,
         "",
-        "The same models with every linear layer int8 (`quantize_int8`, docs/decoding.md), decoded by the fast loop; "
+        "The same models with every linear layer int8 (`quantize_int8`, docs/decoding.md), decoded by the fast loop "
+        "with an example's beams sharing its cross-attention keys (`shared_cross_attention`, which int8 turns on); "
         "their tokens are not `generate`'s, and untrained weights say nothing of the BLEU cost.",
         "",
         table(["system", *[s.replace("k", " k") for s in settings]], rows),
