@@ -149,7 +149,8 @@ class Decoder:
         for key, value in self.encoder_outputs.items():
             if isinstance(value, torch.Tensor):
                 self.encoder_outputs[key] = value.index_select(0, rows)
-        self.source_mask = self.source_mask.index_select(0, rows)
+        if self.source_mask is not None:
+            self.source_mask = self.source_mask.index_select(0, rows)
 
     def __call__(self, tokens: torch.LongTensor) -> torch.Tensor:  # (rows,) -> (rows, V)
         repeats, self.repeats = self.repeats, 1
@@ -186,7 +187,7 @@ def expanded(encoder_outputs, source_mask, num_beams: int):
     for key, value in encoder_outputs.items():
         if isinstance(value, torch.Tensor):
             encoder_outputs[key] = value.repeat_interleave(num_beams, dim=0)
-    return encoder_outputs, source_mask.repeat_interleave(num_beams, dim=0)
+    return encoder_outputs, None if source_mask is None else source_mask.repeat_interleave(num_beams, dim=0)
 
 
 class BanTokens:
@@ -229,7 +230,8 @@ def processors(settings: dict, eos: int, extra: LogitsProcessorList, device) -> 
 
 @torch.no_grad()
 def fast_generate(model, source, source_mask, settings: dict, extra: LogitsProcessorList) -> torch.LongTensor:
-    """The sequences `generate` returns for `source` (B, S) with `source_mask` (B, S) under `settings` (the served
+    """The sequences `generate` returns for `source` (B, S) with `source_mask` (B, S; None: no mask, as `generate`
+    reads a source given without one) under `settings` (the served
     keys, resolved: `max_length` counts the decoder start token) and the processors `extra`; (B, T)."""
     encoder_outputs = model.get_encoder()(input_ids=source, attention_mask=source_mask, return_dict=True)
     step = Decoder(

@@ -474,8 +474,8 @@ class LengthControlGenerationMixin:
         if source is None or source.dtype.is_floating_point:
             raise ValueError("fast_decoding needs the source token ids: pass input_ids, not inputs_embeds")
         kwargs.pop("input_ids", None)
-        mask = kwargs.get("attention_mask")
-        mask = mask if mask is not None else (source != self.config.pad_token_id).long()  # (B, S)
+        # None where the call gives none: transformers 5's generate infers no mask for an encoder-decoder model
+        mask = kwargs.get("attention_mask")  # (B, S) or None
         resolved = resolved_settings(settings, kwargs, self.config)
         return fast_generate(self, source, mask, resolved, LogitsProcessorList(logits_processor or []))
 

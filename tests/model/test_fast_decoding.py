@@ -78,6 +78,18 @@ def test_the_fast_loop_returns_generates_sequences(num_beams, settings, copier, 
     assert torch.equal(copier.generate(ids, fast_decoding=True, **kwargs), expected)
 
 
+@pytest.mark.parametrize("num_beams", [1, 4])
+def test_without_a_mask_the_source_is_read_as_generate_reads_it(num_beams, copier, sources):
+    """Given no attention mask, transformers 5's `generate` passes none to an encoder-decoder model (it infers one
+    from the padding for decoder-only models only): the padding is read as tokens. The loop does the same, so
+    that it returns `generate`'s tokens; with the mask both read the sources alone."""
+    ids, mask = sources
+    kwargs = dict(max_new_tokens=16, num_beams=num_beams)
+    unmasked = copier.generate(ids, **kwargs)
+    assert not torch.equal(unmasked, copier.generate(ids, attention_mask=mask, **kwargs))  # the padding counts
+    assert torch.equal(copier.generate(ids, fast_decoding=True, **kwargs), unmasked)
+
+
 @pytest.mark.parametrize("share", [16, 2], ids=["compact-default", "compact-at-half"])
 @pytest.mark.parametrize(
     "settings",
