@@ -86,7 +86,9 @@ def test_without_a_mask_the_source_is_read_as_generate_reads_it(num_beams, copie
     ids, mask = sources
     kwargs = dict(max_new_tokens=16, num_beams=num_beams)
     unmasked = copier.generate(ids, **kwargs)
-    assert not torch.equal(unmasked, copier.generate(ids, attention_mask=mask, **kwargs))  # the padding counts
+    assert not torch.equal(
+        unmasked, copier.generate(ids, attention_mask=mask, **kwargs)
+    )  # the padding counts
     assert torch.equal(copier.generate(ids, fast_decoding=True, **kwargs), unmasked)
 
 
