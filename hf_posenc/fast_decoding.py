@@ -84,7 +84,7 @@ def fast_decoding_refusals(settings: GenerationConfig, kwargs: dict) -> list[str
     others = [
         f"{key}=..."
         for key, value in kwargs.items()
-        if key not in defaults and key not in INPUTS and key not in SERVED and value is not None
+        if key not in defaults and key not in INPUTS and key != SHARED_CROSS_ATTENTION and value is not None
     ]
     values = {**settings.to_dict(), **{key: value for key, value in kwargs.items() if key in defaults}}
     refused = [
@@ -428,7 +428,8 @@ def resolved_settings(settings: GenerationConfig, kwargs: dict, model_config) ->
     eos = eos[0] if isinstance(eos, (list, tuple)) and len(eos) == 1 else eos
     if not isinstance(eos, int):
         refused.append(f"eos_token_id={eos!r} (one end token)")
-    shared = value(SHARED_CROSS_ATTENTION) or False
+    shared = value(SHARED_CROSS_ATTENTION)
+    shared = False if shared is None else shared  # unset in configs saved before the setting existed
     if not isinstance(shared, bool):
         refused.append(f"{SHARED_CROSS_ATTENTION}={shared!r} (True or False)")
     if refused:

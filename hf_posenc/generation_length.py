@@ -432,7 +432,7 @@ class LengthControlGenerationMixin:
 
     def generate(self, inputs=None, generation_config=None, logits_processor=None, **kwargs):
         """`GenerationMixin.generate`; unless a length is given, allows source length + N new tokens, with N
-        from the generation config's `max_new_tokens_over_source` (50, paper 1); adds the source-tied length
+        from the call's or the generation config's `max_new_tokens_over_source` (50, paper 1); adds the source-tied length
         control of the generation config or of the keyword arguments (`min_length_ratio`, `word_reward`,
         `match_source_sentence_count` with `sentence_end_token_ids`, and the loop guard; module docstring). Refuses
         a non-finite float setting and a count below 1 (`check_generation_settings`), which transformers
@@ -448,7 +448,9 @@ class LengthControlGenerationMixin:
         )
         if control.window_sentences is not None:
             return self.generate_in_windows(control, inputs, generation_config, logits_processor, kwargs)
-        over_source = getattr(settings, "max_new_tokens_over_source", None)
+        over_source = kwargs.pop(
+            "max_new_tokens_over_source", getattr(settings, "max_new_tokens_over_source", None)
+        )
         source = inputs if inputs is not None else kwargs.get("input_ids")
         if (
             over_source is not None

@@ -263,6 +263,7 @@ def test_the_saved_switch_turns_it_on(copier, sources, monkeypatch):
         ({"bad_words_ids": [[7, 8]]}, "bad_words_ids=[[7, 8]] (only single tokens)"),
         ({"eos_token_id": [1, 2]}, "eos_token_id=[1, 2] (one end token)"),
         ({"shared_cross_attention": "yes"}, "shared_cross_attention='yes' (True or False)"),
+        ({"shared_cross_attention": 0}, "shared_cross_attention=0 (True or False)"),
     ],
     ids=[
         "sampling",
@@ -272,6 +273,7 @@ def test_the_saved_switch_turns_it_on(copier, sources, monkeypatch):
         "bad-word-pairs",
         "two-ends",
         "shared",
+        "shared-zero",
     ],
 )
 def test_what_it_cannot_serve_is_refused_by_name(settings, words, tiny_model, source_batch):

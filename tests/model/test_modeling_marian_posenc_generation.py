@@ -69,6 +69,14 @@ def test_counts_below_one_are_refused(name, model, source):
         model.generate(ids, attention_mask=mask, **{"max_new_tokens": 3, name: 0})
 
 
+@pytest.mark.parametrize("fast", [False, True], ids=["transformers-loop", "fast-loop"])
+def test_a_budget_over_the_source_given_to_generate_is_the_one_used(fast, model, source):
+    """Before: `generate(max_new_tokens_over_source=2)` was read by neither loop (the saved 50 held)."""
+    ids, mask = source
+    out = model.generate(ids, attention_mask=mask, max_new_tokens_over_source=2, fast_decoding=fast)
+    assert out.shape[-1] <= 1 + ids.shape[-1] + 2
+
+
 @pytest.mark.parametrize("value", [-5, 2.5, "50"])
 def test_a_budget_over_the_source_that_is_no_whole_number_from_zero_is_refused_by_name(value, model, source):
     """Before: max_new_tokens_over_source=-5 silently cut every translation below the source length, "50" failed
