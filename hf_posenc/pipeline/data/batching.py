@@ -187,7 +187,8 @@ def padding_report(
     sampler: TokenBudgetBatchSampler, source_lengths, target_lengths, buckets: Sequence[int] | None
 ) -> dict:
     """The padded positions of the sampler's batches in its current epoch, per side: the tokens, the positions
-    of the batches padded to their longest example and padded to their bucket (`buckets` None: no buckets), and
+    of the batches padded to their longest example and padded to their bucket (`buckets` None: no buckets), the
+    most positions one batch holds (padded to its bucket, or to its longest example without buckets), and
     the number of distinct (sentences, source length, target length) shapes and of (source, target) lengths."""
     sampler.draw()
     sizes = np.diff(sampler.offsets)  # (B,)
@@ -202,6 +203,7 @@ def padding_report(
             "tokens": int(lengths.sum()),
             "padded_to_longest": int((sizes * longest).sum()),
             "padded_to_buckets": int((sizes * padded).sum()),
+            "largest_batch": int((sizes * padded).max()),  # the most positions of one batch, padded
         }
     report["shapes"] = len(
         set(zip(sizes.tolist(), *(padded.tolist() for padded in padded_lengths), strict=True))

@@ -56,7 +56,9 @@ export refuses the word reward, the sentence count and windows by name.
 
 Every flag, file and folder is checked before decoding: counts (--batch_size, --num_beams, --threads,
 --bootstrap_samples) must be at least 1, --length_penalty a finite number; the model folder, the text files
-and the folder of --output must exist, and the baseline must have as many lines as the references.
+and the folder of --output must exist, and the baseline must have as many lines as the references. A batch
+whose decoding steps' scores alone (--batch_size x --num_beams x the vocabulary x 8 bytes) exceed the memory
+available is refused before it is decoded (docs/training.md, Decoding).
 """
 
 

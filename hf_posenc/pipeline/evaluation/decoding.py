@@ -13,6 +13,7 @@ import torch
 from ...generation_length import LengthControl
 from ...model_checks import check_generation_settings
 from ..cli import check_number
+from ..training.hardware import SCORE_BYTES, check_memory
 from ..training.pretrained import MODEL_TYPES
 from ..training.progress import LOG_EVERY_SECONDS, ProgressReport
 from .quantization import is_int8, quantize_int8
@@ -142,6 +143,8 @@ def translate(
             model, tokenizer, sources, batch_size, bf16, **progress, **generate_kwargs
         )
     check_decoding_settings(model, generate_kwargs)
+    beams = generate_kwargs.get("num_beams") or model.generation_config.num_beams or 1
+    check_decoding_memory(model, min(batch_size, len(sources)), beams)
     model.eval()
     order = sorted(range(len(sources)), key=lambda i: len(sources[i]))
     outputs = [None] * len(sources)
@@ -151,7 +154,15 @@ def translate(
     started = time.monotonic()
     for start in range(0, len(order), batch_size):
         indices = order[start : start + batch_size]
-        texts = generate_batch(model, tokenizer, [sources[i] for i in indices], bf16, generate_kwargs)
+        try:
+            texts = generate_batch(model, tokenizer, [sources[i] for i in indices], bf16, generate_kwargs)
+        except (
+            torch.OutOfMemoryError
+        ):  # a GPU's memory (the CPU's is checked before, `check_decoding_memory`)
+            raise ValueError(
+                f"decoding {len(indices)} sentences x {beams} beams at once ran out of {model.device} memory: "
+                "lower batch_size or num_beams"
+            ) from None
         for index, text in zip(indices, texts, strict=True):
             outputs[index] = text
         done = start + len(indices)
@@ -159,6 +170,20 @@ def translate(
         report.update(done, f"{done}/{len(sources)} sentences, {rate:.1f} sentences/s")
     report.close()
     return outputs
+
+
+def check_decoding_memory(model, sentences: int, beams: int) -> None:
+    """Refuse batches whose decoding steps' scores alone need more memory than the machine has available
+    (`check_memory`): rows (sentences x beams) x the vocabulary x `SCORE_BYTES`."""
+    vocabulary = getattr(model.config, "decoder_vocab_size", None) or model.config.vocab_size
+    rows = sentences * beams
+    check_memory(
+        rows * vocabulary * SCORE_BYTES,
+        model.device,
+        f"decoding {sentences} sentence{'s' * (sentences != 1)} x {beams} beams at once (a step's scores: {rows} rows x {vocabulary} "
+        "tokens)",
+        "lower batch_size or num_beams",
+    )
 
 
 def generate_batch(model, tokenizer, chunk: list, bf16: bool, generate_kwargs: dict) -> list[str]:

@@ -15,7 +15,7 @@ CPU's flags hint at which kind a machine is, but only a timing says what torch's
 * `choose_attention_backend` times forward + backward of transformers' SDPA and our eager attention at the
   model's head shapes under that precision, and keeps the faster;
 * `keep_freed_memory` keeps the memory of freed tensors in the process for the next update or decoding step
-  (below);
+  (below), and `check_memory` refuses a batch whose vocabulary-sized tensors alone exceed the memory available;
 * `matmul_peak_flops` measures the dense matmul FLOP/s of the chosen precision (the denominator of MFU), and
   `model_flops_per_target_token` counts the model's forward + backward FLOPs (the numerator).
 
@@ -194,6 +194,69 @@ def keep_freed_memory(device) -> bool:
         return False
     libc = ctypes.CDLL(None)  # the C library this process already uses
     return bool(libc.mallopt(M_MMAP_MAX, 0)) and bool(libc.mallopt(M_TRIM_THRESHOLD, -1))  # -1: never trim
+
+
+# The fewest bytes a vocabulary-sized score takes per position of a training batch or per row of a decoding step:
+# the logits and their log-probabilities, float32 and alive together (the loss's and the beam search's
+# log-softmax read the logits and write a tensor of their size).
+SCORE_BYTES = 8
+GIB = 2**30
+
+
+class MallocInfo(ctypes.Structure):
+    """glibc's `struct mallinfo2` (malloc.h, glibc 2.33 on): `fordblks` is the free memory held in the heap."""
+
+    _fields_ = [
+        (name, ctypes.c_size_t)
+        for name in (
+            *("arena", "ordblks", "smblks", "hblks", "hblkhd"),
+            *("usmblks", "fsmblks", "uordblks", "fordblks", "keepcost"),
+        )
+    ]
+
+
+def heap_free_bytes() -> int:
+    """The freed memory this process's heap holds for reuse (`keep_freed_memory` keeps it there; the kernel
+    counts it as used): glibc's `mallinfo2`, 0 under another C library or an older glibc."""
+    if platform.libc_ver()[0] != "glibc":
+        return 0
+    libc = ctypes.CDLL(None)
+    if not hasattr(libc, "mallinfo2"):
+        return 0
+    libc.mallinfo2.restype = MallocInfo
+    return libc.mallinfo2().fordblks
+
+
+def available_memory(device, meminfo: Path = Path("/proc/meminfo"), cgroup: Path = Path("/sys/fs/cgroup")):
+    """Bytes this process can still take on `device` before it swaps or is killed, or None where that is not
+    known: on the CPU the kernel's MemAvailable, lowered to what the process's cgroup (v2) leaves below its
+    limit, plus the freed memory the process's heap holds (`heap_free_bytes`); on a CUDA device the free memory
+    torch reports."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        return torch.cuda.mem_get_info(device)[0]
+    if device.type != "cpu" or not meminfo.is_file():
+        return None
+    fields = dict(line.split(":", 1) for line in meminfo.read_text().splitlines() if ":" in line)
+    if "MemAvailable" not in fields:
+        return None
+    available = int(fields["MemAvailable"].split()[0]) * 1024  # reported in kB
+    limit, used = cgroup / "memory.max", cgroup / "memory.current"
+    if limit.is_file() and used.is_file() and limit.read_text().strip() != "max":
+        available = min(available, int(limit.read_text()) - int(used.read_text()))
+    return available + heap_free_bytes()
+
+
+def check_memory(needed: int, device, what: str, fix: str) -> None:
+    """Refuse work whose smallest need, `needed` bytes for `what`, is more than `device` has available: on the
+    CPU the kernel would kill the process without a message once its memory is gone, on a GPU torch would fail
+    deep inside. `fix` names the settings to lower. Nothing is refused where the available memory is unknown."""
+    available = available_memory(device)
+    if available is not None and needed > available:
+        raise ValueError(
+            f"{what} needs at least {needed / GIB:.1f} GiB, more than the {available / GIB:.1f} GiB available "
+            f"({torch.device(device).type}): {fix}"
+        )
 
 
 def busy_share(seconds: float = BUSY_SAMPLE_SECONDS, stat: Path = Path("/proc/stat")) -> float | None:

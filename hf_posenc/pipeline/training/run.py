@@ -27,7 +27,6 @@ import transformers
 from transformers import DataCollatorForSeq2Seq, MarianMTModel, Seq2SeqTrainingArguments
 from transformers.trainer_callback import ProgressCallback
 
-from ...base import PositionLimitError
 from ...configuration_marian_posenc import MarianPosEncConfig
 from ...generation_length import measure_min_length_ratio, sentence_boundary_settings, sentence_end_token_ids
 from ...modeling_marian_posenc import (
@@ -51,6 +50,7 @@ from ..evaluation.scoring import degenerate_output, encoder_token_cosine, score_
 from ..export.run_folder import check_output_folders, export, set_aside_checkpoints, updates_text
 from .arguments import Arguments, model_config, model_fields, parse_args
 from .averaging import average_into, list_checkpoints, select_checkpoints
+from .fit import check_longest_pair, check_training_memory
 from .hardware import (
     busy_share,
     check_compiler,
@@ -277,29 +277,6 @@ def new_model(args: Arguments, data: PreparedData, pad: int, eos: int):
     return model, config
 
 
-def check_longest_pair(model, data: PreparedData) -> None:
-    """The longest source (training, validation or test) and target go through the model once, before any
-    training: a bounded position table too short for them is an error now, not when their batch comes up."""
-    longest_source, longest_target = data.data_report["longest_source"], data.data_report["longest_target"]
-    if data.valid is not None:
-        longest_source = max(longest_source, int(list_lengths(data.valid, "input_ids").max()))
-        longest_target = max(longest_target, int(list_lengths(data.valid, "labels").max()))
-    test_source = max(len(ids) for ids in data.tokenizer(data.test.source)["input_ids"])
-    source = torch.full((1, max(longest_source, test_source)), data.tokenizer.eos_token_id)
-    target = torch.full((1, longest_target), data.tokenizer.pad_token_id)
-    model.eval()
-    try:
-        with torch.no_grad():
-            model(input_ids=source, decoder_input_ids=target)
-    except PositionLimitError as error:
-        raise ValueError(
-            f"the longest pair of the data ({source.shape[1]} source, {target.shape[1]} target tokens) does not fit "
-            f"the model: {error}"
-        ) from None
-    finally:
-        model.train()
-
-
 @dataclass
 class TrainingReport:
     steps: int  # the run's updates, earlier attempts included
@@ -420,6 +397,7 @@ def train(args: Arguments, model, data: PreparedData, precision) -> tuple[Transl
         check_resume_settings(args, model, resume)
     training = trainer_arguments(args, precision)
     trainer, plan, check, padding = build_trainer(args, model, data, training, precision)
+    check_training_memory(args, model, data, padding)
     first_step = json.loads((Path(resume) / "trainer_state.json").read_text())["global_step"] if resume else 0
     memory_reused = args.run.cpu_memory == "reuse" and keep_freed_memory(training.device)
     if memory_reused:
@@ -434,7 +412,15 @@ def train(args: Arguments, model, data: PreparedData, precision) -> tuple[Transl
         average_into(trainer.model, [Path(resume)])
         steps = first_step
     else:
-        steps = trainer.train(resume_from_checkpoint=resume).global_step
+        try:
+            steps = trainer.train(resume_from_checkpoint=resume).global_step
+        except (
+            torch.OutOfMemoryError
+        ):  # a GPU's memory (the CPU's is checked before, `check_training_memory`)
+            raise ValueError(
+                f"training ran out of {training.device} memory: lower --max_tokens (or the batch sizes); the "
+                f"checkpoints saved in {args.checkpoints_dir} resume the run (--resume_from_checkpoint last)"
+            ) from None
     seconds = time.monotonic() - started
     report = TrainingReport(
         steps,

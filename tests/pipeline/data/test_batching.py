@@ -160,20 +160,25 @@ def test_a_side_longer_than_the_largest_bucket_keeps_its_length(tiny_model, toy_
     assert batch["input_ids"].shape[1] == 12 and batch["labels"].shape[1] == 15
 
 
-def test_the_padding_report_counts_the_positions_the_buckets_add():
+def test_the_padding_report_counts_the_positions_the_buckets_add_and_the_largest_batch():
     generator = np.random.default_rng(2)
     source = generator.integers(3, 40, 3000)
     target = np.clip(source + generator.integers(-3, 4, 3000), 2, None)
     sampler = TokenBudgetBatchSampler(np.maximum(source, target), 500, seed=1)
     plain = padding_report(sampler, source, target, None)
     bucketed = padding_report(sampler, source, target, [8, 16, 24, 32, 48])
-    by_hand = {"source": 0, "target": 0}
+    by_hand, largest, largest_unbucketed = ({"source": 0, "target": 0} for _ in range(3))
     for batch in sampler:
         for side, lengths in (("source", source), ("target", target)):
-            by_hand[side] += len(batch) * int(bucket_lengths([lengths[batch].max()], [8, 16, 24, 32, 48])[0])
+            positions = len(batch) * int(bucket_lengths([lengths[batch].max()], [8, 16, 24, 32, 48])[0])
+            by_hand[side] += positions
+            largest[side] = max(largest[side], positions)
+            largest_unbucketed[side] = max(largest_unbucketed[side], len(batch) * int(lengths[batch].max()))
     for side in ("source", "target"):
         assert plain[side]["padded_to_buckets"] == plain[side]["padded_to_longest"]
         assert bucketed[side]["padded_to_longest"] == plain[side]["padded_to_longest"]
         assert bucketed[side]["padded_to_buckets"] == by_hand[side] > plain[side]["padded_to_longest"]
         assert bucketed[side]["tokens"] == int({"source": source, "target": target}[side].sum())
+        assert bucketed[side]["largest_batch"] == largest[side] > plain[side]["largest_batch"]
+        assert plain[side]["largest_batch"] == largest_unbucketed[side]
     assert bucketed["lengths"] <= 5 * 5 < plain["lengths"]

@@ -80,6 +80,26 @@ def test_evaluate_translation_refuses_before_decoding(
     assert not (model_dir / "evaluation.json").exists()
 
 
+def test_evaluate_translation_refuses_beams_that_cannot_fit_in_memory(
+    model_dir, texts, monkeypatch, run_tool
+):
+    """The memory check is the decoding loop's (`translate`): the command ends on it in one line, before a batch is
+    decoded (before: the kernel killed the process once the machine's memory was gone)."""
+    from hf_posenc import MarianPosEncForConditionalGeneration
+
+    monkeypatch.setattr(
+        MarianPosEncForConditionalGeneration, "generate", lambda *a, **k: pytest.fail("decoded")
+    )
+    test_set = ["--source", texts / "test.en", "--reference", texts / "test.de"]
+    code, message = run_tool(
+        evaluate_main, [model_dir, *test_set, "--num_beams", str(10**12), "--precision", "fp32"]
+    )
+    assert_refused(
+        code, message, [f"decoding 5 sentences x {10**12} beams at once", "lower batch_size or num_beams"]
+    )
+    assert not (model_dir / "evaluation.json").exists()
+
+
 def test_evaluate_translation_script_decodes_scores_and_compares(multi30k_dir, tmp_path, tiny_model):
 
     folder = tmp_path / "model"

@@ -8,6 +8,7 @@ import logging
 import shutil
 
 import pytest
+import torch
 
 from hf_posenc.pipeline.evaluation.decoding import load_translation_model, split_sentences, translate
 from tests.helpers import SOURCES
@@ -129,3 +130,39 @@ def test_a_folder_without_generation_config_decodes_with_the_models_own_settings
     settings = model.generation_config
     assert (settings.num_beams, settings.max_new_tokens_over_source) == (4, 50)
     assert "has no generation_config.json" in caplog.text
+
+
+def test_beams_whose_scores_cannot_fit_in_memory_are_refused_before_decoding(
+    model_and_tokenizer, monkeypatch
+):
+    """Before: the process grew until the kernel killed it, without a message (`hf-posenc-evaluate --num_beams
+    100000` on the default model took the machine's 24 GB in 30 s)."""
+    model, tokenizer = model_and_tokenizer
+    monkeypatch.setattr(model, "generate", lambda *args, **kwargs: pytest.fail("decoded"))
+    vocabulary = model.config.vocab_size
+    rows = 2 * 10**12
+    with pytest.raises(ValueError) as raised:
+        translate(model, tokenizer, SOURCES[:2], num_beams=10**12, progress_bar=False)
+    assert str(raised.value).startswith(
+        f"decoding 2 sentences x {10**12} beams at once (a step's scores: {rows} rows x {vocabulary} tokens) "
+        f"needs at least {rows * vocabulary * 8 / 2**30:.1f} GiB, more than the "
+    ), str(raised.value)
+    assert str(raised.value).endswith("GiB available (cpu): lower batch_size or num_beams")
+    with pytest.raises(ValueError, match=r"^decoding \d+ sentences? x 1000000000000 beams"):  # by sentence
+        translate(model, tokenizer, [" ".join(SOURCES[:2])], num_beams=10**12, split_sentences=True)
+
+
+def test_a_batch_that_runs_out_of_the_devices_memory_is_named(model_and_tokenizer, monkeypatch):
+    """A GPU's memory is not checked before decoding: torch's error comes from deep inside `generate`."""
+    model, tokenizer = model_and_tokenizer
+
+    def out_of_memory(*args, **kwargs):
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB")
+
+    monkeypatch.setattr(model, "generate", out_of_memory)
+    with pytest.raises(ValueError) as raised:
+        translate(model, tokenizer, SOURCES[:3], batch_size=2, num_beams=3, progress_bar=False)
+    assert str(raised.value) == (
+        "decoding 2 sentences x 3 beams at once ran out of cpu memory: lower batch_size or num_beams"
+    )
+    assert raised.value.__cause__ is None and raised.value.__suppress_context__

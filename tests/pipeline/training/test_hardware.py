@@ -21,8 +21,10 @@ from hf_posenc.pipeline.training import hardware
 from hf_posenc.pipeline.training.hardware import (
     BF16_MIN_SPEEDUP,
     SCOUT_FLOPS,
+    available_memory,
     busy_share,
     check_compiler,
+    check_memory,
     choose_attention_backend,
     choose_precision,
     describe_hardware,
@@ -234,17 +236,19 @@ def test_torch_compile_on_the_cpu_without_a_compiler_is_refused_before_any_work(
 # Page faults of a fresh 256 MiB tensor after a 320 MiB one was freed, in a process of its own (the setting is for
 # the rest of a process's life): with the C library's default, the second tensor is mapped anew and faults in all
 # of its 65,536 pages; with the freed memory kept, it is served from the pages of the first. (The first is the
-# larger because torch asks for aligned memory: a block the size of its own freed one may not fit in it.)
+# larger because torch asks for aligned memory: a block the size of its own freed one may not fit in it.) The heap's
+# free memory afterwards holds the freed tensors only where they were kept.
 FAULTS = """
 import json, resource, sys, torch
-from hf_posenc.pipeline.training.hardware import keep_freed_memory
+from hf_posenc.pipeline.training.hardware import heap_free_bytes, keep_freed_memory
 applied = sys.argv[1] == "reuse" and keep_freed_memory("cpu")
 def faults_of_a_fresh_tensor(mib):
     before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
     torch.ones(mib * 2**18)  # fp32, freed at once
     return resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
 faults_of_a_fresh_tensor(320)
-print(json.dumps({"applied": applied, "faults": faults_of_a_fresh_tensor(256)}))
+faults = faults_of_a_fresh_tensor(256)
+print(json.dumps({"applied": applied, "faults": faults, "heap_free": heap_free_bytes()}))
 """
 
 
@@ -258,6 +262,8 @@ def test_kept_freed_memory_serves_the_next_large_tensor_without_page_faults():
     assert not released["applied"] and released["faults"] > 60_000
     if platform.libc_ver()[0] == "glibc":
         assert reused["applied"] and reused["faults"] < 1_000
+        # what `available_memory` adds to the kernel's figure: the freed tensors, only where they were kept
+        assert reused["heap_free"] >= 320 * 2**20 > 64 * 2**20 > released["heap_free"]
     else:  # another C library is left as it is
         assert not reused["applied"] and reused["faults"] > 60_000
     assert not keep_freed_memory("cuda")  # the GPU's memory is torch's caching allocator's
@@ -285,3 +291,33 @@ def test_the_busy_share_sees_other_processes_spinning(tmp_path):
     cores = "".join(f"cpu{core} 10 0 10 80 0 0 0 0 0 0\n" for core in os.sched_getaffinity(0))
     stat.write_text("cpu  20 0 20 160 0 0 0 0 0 0\n" + cores)  # a file that does not move: nothing measured
     assert busy_share(0.0, stat) is None and busy_share(0.0, tmp_path / "absent") is None
+
+
+def test_available_memory_is_the_kernels_figure_within_the_cgroup_limit_plus_the_heaps_free_memory(
+    tmp_path, monkeypatch
+):
+    monkeypatch.setattr(hardware, "heap_free_bytes", lambda: 5)
+    meminfo, cgroup = tmp_path / "meminfo", tmp_path / "cgroup"
+    meminfo.write_text("MemTotal:       4096 kB\nMemAvailable:   2048 kB\n")
+    cgroup.mkdir()
+    assert available_memory("cpu", meminfo, cgroup) == 2048 * 1024 + 5  # no cgroup files
+    (cgroup / "memory.max").write_text("1000000\n")
+    (cgroup / "memory.current").write_text("400000\n")
+    assert available_memory("cpu", meminfo, cgroup) == 600_000 + 5  # the cgroup leaves less
+    (cgroup / "memory.max").write_text("max\n")
+    assert available_memory("cpu", meminfo, cgroup) == 2048 * 1024 + 5  # no cgroup limit
+    assert available_memory("cpu", tmp_path / "absent", cgroup) is None
+    assert available_memory("meta") is None
+    assert available_memory("cpu") > 0  # this machine's own figures
+
+
+def test_a_need_above_the_available_memory_is_refused_with_both_figures(monkeypatch):
+    monkeypatch.setattr(hardware, "available_memory", lambda device: 3 * 2**30)
+    with pytest.raises(
+        ValueError,
+        match=r"^decoding X needs at least 4.5 GiB, more than the 3.0 GiB available \(cpu\): lower Y$",
+    ):
+        check_memory(int(4.5 * 2**30), "cpu", "decoding X", "lower Y")
+    check_memory(3 * 2**30, "cpu", "decoding X", "lower Y")  # fits exactly
+    monkeypatch.setattr(hardware, "available_memory", lambda device: None)
+    check_memory(2**60, "cpu", "decoding X", "lower Y")  # not known: nothing refused
