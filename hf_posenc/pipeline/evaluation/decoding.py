@@ -144,7 +144,8 @@ def translate(
         )
     check_decoding_settings(model, generate_kwargs)
     beams = generate_kwargs.get("num_beams") or model.generation_config.num_beams or 1
-    check_decoding_memory(model, min(batch_size, len(sources)), beams)
+    vocabulary = getattr(model.config, "decoder_vocab_size", None) or model.config.vocab_size
+    check_decoding_memory(min(batch_size, len(sources)), beams, vocabulary, model.device)
     model.eval()
     order = sorted(range(len(sources)), key=lambda i: len(sources[i]))
     outputs = [None] * len(sources)
@@ -172,16 +173,16 @@ def translate(
     return outputs
 
 
-def check_decoding_memory(model, sentences: int, beams: int) -> None:
-    """Refuse batches whose decoding steps' scores alone need more memory than the machine has available
-    (`check_memory`): rows (sentences x beams) x the vocabulary x `SCORE_BYTES`."""
-    vocabulary = getattr(model.config, "decoder_vocab_size", None) or model.config.vocab_size
+def check_decoding_memory(sentences: int, beams: int, vocabulary: int, device) -> None:
+    """Refuse batches whose decoding steps' scores alone need more memory than `device` has available
+    (`check_memory`): rows (sentences x beams) x the vocabulary x `SCORE_BYTES`. Both engines check it (`translate`
+    and the CTranslate2 export's)."""
     rows = sentences * beams
     check_memory(
         rows * vocabulary * SCORE_BYTES,
-        model.device,
-        f"decoding {sentences} sentence{'s' * (sentences != 1)} x {beams} beams at once (a step's scores: {rows} rows x {vocabulary} "
-        "tokens)",
+        device,
+        f"decoding {sentences} sentence{'s' * (sentences != 1)} x {beams} beams at once (a step's scores: {rows} "
+        f"rows x {vocabulary} tokens)",
         "lower batch_size or num_beams",
     )
 

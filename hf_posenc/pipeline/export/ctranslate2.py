@@ -51,7 +51,7 @@ from ...generation_length import (
 )
 from ...registry import POSITION_ENCODINGS, TOKEN_MIXERS
 from ..cli import check_number
-from ..evaluation.decoding import check_model_files, load_translation_model
+from ..evaluation.decoding import check_decoding_memory, check_model_files, load_translation_model
 from ..training.averaging import write_whole
 
 EXPORT_INFO = "hf_posenc_export.json"  # what was exported, from which model, with which CTranslate2
@@ -553,6 +553,7 @@ class CTranslate2Model:
         options = decoding_options(self.generation_config, tokens, beam_size, length_penalty, length_control)
         control = length_control_for_ctranslate2(self.generation_config, length_control, len(tokens))
         minimum = options.pop("min_decoding_length")
+        check_decoding_memory(min(batch_size, len(sentences)), options["beam_size"], len(tokens), "cpu")
         order = sorted(range(len(sentences)), key=lambda i: len(sentences[i]))
         outputs = [None] * len(sentences)
         for start in range(0, len(order), batch_size):

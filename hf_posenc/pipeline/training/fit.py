@@ -60,6 +60,5 @@ def check_training_memory(args: "Arguments", model, data: "PreparedData", paddin
         fix,
     )
     if training.predict_with_generate or args.run.eval_bleu:  # the validation's translations, while training
-        check_decoding_memory(
-            model, training.per_device_eval_batch_size, model.generation_config.num_beams or 1
-        )
+        beams = model.generation_config.num_beams or 1
+        check_decoding_memory(training.per_device_eval_batch_size, beams, vocabulary, training.device)

@@ -306,6 +306,22 @@ def test_the_export_is_self_contained_and_loads_without_the_model_folder(model_f
     assert len(translations) == 4 and all(isinstance(text, str) for text in translations)
 
 
+def test_beams_whose_scores_cannot_fit_in_memory_are_refused_before_ctranslate2_decodes(
+    model_folder, tmp_path, sentences, monkeypatch
+):
+    """The check of `translate` (`check_decoding_memory`), with the export's vocabulary: CTranslate2 would allocate
+    until the kernel killed the process."""
+    export = CTranslate2Model.load(main([str(model_folder), str(tmp_path / "ct2")]), threads=1)
+    monkeypatch.setattr(export, "translator", None)  # any decoding would fail on it
+    vocabulary = len(export.tokenizer)
+    with pytest.raises(ValueError) as raised:
+        export.translate(sentences[:3], beam_size=10**12)
+    assert str(raised.value).startswith(
+        f"decoding 3 sentences x {10**12} beams at once (a step's scores: {3 * 10**12} rows x {vocabulary} tokens)"
+    )
+    assert str(raised.value).endswith("available (cpu): lower batch_size or num_beams")
+
+
 def test_a_missing_model_folder_and_an_unknown_quantization_are_refused(tmp_path, capsys):
     with pytest.raises(FileNotFoundError, match="MODEL_DIR .* does not exist"):
         main([str(tmp_path / "missing"), str(tmp_path / "out")])
