@@ -1,7 +1,8 @@
 """The console commands, and how every command-line tool ends on bad input: the error's message, naming the bad
-value, file or flag, on one line and exit code 2, as argparse does for bad flags; no traceback. Other exceptions
-(bugs) keep theirs. A module that an extra installs and this install lacks is named with the extra to install.
-`check_number` is the range check the tools apply to their numeric flags."""
+value, file or flag, on one line and exit code 2, as argparse does for bad flags; no traceback. Ctrl-C ends in one
+line too (exit code 130). Other exceptions (bugs) keep theirs. A module that an extra installs and this install
+lacks is named with the extra to install. `check_number` is the range check the tools apply to their numeric
+flags."""
 
 import math
 import sys
@@ -22,13 +23,16 @@ EXTRA_OF_MODULE = {
 
 def run_cli(main: Callable[[], object], tool: str | None = None) -> None:
     """Run a tool's `main()`; a user error is printed as `<tool>: error: <message>` (`tool`: the program's name
-    unless given) and exits with 2."""
+    unless given) and exits with 2, an interrupt as `<tool>: interrupted[: <what it says>]` with 130."""
     tool = tool or Path(sys.argv[0]).name
     try:
         main()
     except USER_ERRORS as error:
         print(f"{tool}: error: {error}", file=sys.stderr)
         sys.exit(2)
+    except KeyboardInterrupt as interrupt:  # Ctrl-C: one line, with what the tool says of its state
+        print(f"{tool}: interrupted" + f": {interrupt}" * bool(str(interrupt)), file=sys.stderr)
+        sys.exit(130)  # 128 + SIGINT, as a shell reports a process that SIGINT ended
     except ModuleNotFoundError as error:
         extra = EXTRA_OF_MODULE.get((error.name or "").partition(".")[0])
         if extra is None:

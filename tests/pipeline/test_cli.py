@@ -113,3 +113,17 @@ def test_the_data_root_flag_wins_over_the_variable_and_command_line_paths_need_n
     monkeypatch.delenv("HF_POSENC_DATA")
     args = arguments.parse_args(["--recipe", "multi30k-en-de-tiny", "--data_dir", "mine"])
     assert args.data.data_dir == "mine"
+
+
+@pytest.mark.parametrize(
+    "said, line", [("", "tool: interrupted"), ("at step 3", "tool: interrupted: at step 3")]
+)
+def test_an_interrupt_ends_any_tool_in_one_line_with_exit_code_130(said, line, capsys):
+    from hf_posenc.pipeline.cli import run_cli
+
+    def interrupted():
+        raise KeyboardInterrupt(said) if said else KeyboardInterrupt
+
+    with pytest.raises(SystemExit) as exit_info:
+        run_cli(interrupted, "tool")
+    assert exit_info.value.code == 130 and capsys.readouterr().err == line + "\n"

@@ -156,6 +156,15 @@ def last_complete_checkpoint(folder: Path) -> str:
     raise ValueError(f"--resume_from_checkpoint last: no complete checkpoint in {folder}")
 
 
+def how_to_resume(folder: Path, save_steps) -> str:
+    """How a run stopped before its end goes on: the checkpoint `--resume_from_checkpoint last` continues from
+    (`last_complete_checkpoint`), or that none is complete yet."""
+    try:
+        return f"--resume_from_checkpoint last continues it from {last_complete_checkpoint(folder)}"
+    except ValueError:
+        return f"no checkpoint is complete yet (one every {save_steps} updates): start it again"
+
+
 def checkpoint_problem(checkpoint: Path) -> str | None:
     """Why a Trainer checkpoint cannot be resumed from, or None."""
     if not (checkpoint / "trainer_state.json").is_file():

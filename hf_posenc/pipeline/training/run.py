@@ -64,7 +64,7 @@ from .hardware import (
 )
 from .pretrained import check_tokenizer, load_pretrained
 from .progress import TrainingProgressCallback, UpdateBudgetCheck
-from .resume import check_resume_settings, resume_checkpoint
+from .resume import check_resume_settings, how_to_resume, resume_checkpoint
 from .schedule import BudgetSchedule, SchedulePlan
 from .trainer import (
     TimeBudgetCallback,
@@ -412,15 +412,7 @@ def train(args: Arguments, model, data: PreparedData, precision) -> tuple[Transl
         average_into(trainer.model, [Path(resume)])
         steps = first_step
     else:
-        try:
-            steps = trainer.train(resume_from_checkpoint=resume).global_step
-        except (
-            torch.OutOfMemoryError
-        ):  # a GPU's memory (the CPU's is checked before, `check_training_memory`)
-            raise ValueError(
-                f"training ran out of {training.device} memory: lower --max_tokens (or the batch sizes); the "
-                f"checkpoints saved in {args.checkpoints_dir} resume the run (--resume_from_checkpoint last)"
-            ) from None
+        steps = run_updates(trainer, resume, args)
     seconds = time.monotonic() - started
     report = TrainingReport(
         steps,
@@ -437,6 +429,23 @@ def train(args: Arguments, model, data: PreparedData, precision) -> tuple[Transl
         compilation_summary(trainer.compile_clock),
     )
     return trainer, report
+
+
+def run_updates(trainer: TranslationTrainer, resume: str | None, args: Arguments) -> int:
+    """The Trainer's updates (the step it ends at); a GPU running out of memory (the CPU's memory is checked
+    before, `check_training_memory`) or an interrupt (Ctrl-C) ends in one line saying how the run goes on."""
+    try:
+        return trainer.train(resume_from_checkpoint=resume).global_step
+    except torch.OutOfMemoryError:
+        raise ValueError(
+            f"training ran out of {args.training.device} memory: lower --max_tokens (or the batch sizes); "
+            + how_to_resume(args.checkpoints_dir, args.training.save_steps)
+        ) from None
+    except KeyboardInterrupt:
+        raise KeyboardInterrupt(
+            f"training stopped at update {trainer.state.global_step}; "
+            + how_to_resume(args.checkpoints_dir, args.training.save_steps)
+        ) from None
 
 
 def compilation_summary(clock) -> dict | None:

@@ -3,12 +3,17 @@ refused with the other settings, before any data are read; batches too large for
 first update, and a device that runs out of memory during training in one line."""
 
 import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
 
 import torch
 
 from hf_posenc.pipeline.training import hardware, run
 from hf_posenc.pipeline.training.trainer import TranslationTrainer
-from tests.helpers import assert_refused
+from tests.helpers import REPO, assert_refused
 
 
 def test_an_unknown_torch_compile_backend_is_refused_before_the_data(
@@ -66,5 +71,44 @@ def test_a_training_that_runs_out_of_the_devices_memory_ends_in_one_line(
     flags = [*tiny_run_flags(), "--output_dir", tmp_path / "run", "--max_steps", "2", "--average_last", "0"]
     code, message = run_tool(run.main, flags)
     assert_refused(
-        code, message, ["training ran out of cpu memory: lower --max_tokens", "--resume_from_checkpoint"]
+        code,
+        message,
+        ["training ran out of cpu memory: lower --max_tokens", "no checkpoint is complete yet (one every"],
     )
+
+
+def test_ctrl_c_during_training_ends_in_one_line_naming_the_checkpoint_that_resumes_it(
+    tmp_path, tiny_run_flags
+):
+    """A real SIGINT to train.py after its first checkpoint: exit code 130 and one line, where the Trainer's
+    KeyboardInterrupt printed its stack."""
+    output = tmp_path / "run"
+    saves = [
+        "--save_strategy",
+        "steps",
+        "--save_steps",
+        "2",
+        "--average_last",
+        "0",
+        "--save_total_limit",
+        "2",
+    ]
+    budget = ["--max_steps", "100000", "--minutes", "0"]
+    command = [sys.executable, str(REPO / "train_scripts" / "train.py"), *tiny_run_flags(), *saves, *budget]
+    process = subprocess.Popen(
+        [*map(str, command), "--output_dir", str(output)], stderr=subprocess.PIPE, text=True
+    )
+    deadline = time.monotonic() + 300
+    checkpoints = Path(f"{output}-checkpoints")
+    while not any(checkpoints.glob("checkpoint-*/trainer_state.json")) and process.poll() is None:
+        assert time.monotonic() < deadline, "no checkpoint within 300 s"
+        time.sleep(0.05)
+    process.send_signal(signal.SIGINT)
+    written = process.communicate(timeout=120)[1]
+    assert process.returncode == 130 and "Traceback" not in written, written[-3000:]
+    last = written.strip().splitlines()[-1]
+    assert re.fullmatch(
+        rf"train.py: interrupted: training stopped at update \d+; --resume_from_checkpoint last continues it from "
+        rf"{re.escape(str(checkpoints))}/checkpoint-\d+",
+        last,
+    ), last
