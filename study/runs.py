@@ -233,8 +233,9 @@ def execute(run: Run, args, deadline: float | None = None) -> str:
     with open(f"{models}.train.log", "w") as log:
         command = [sys.executable, *TRAIN_COMMAND, *train_arguments(run, args), *machine, *start]
         process = subprocess.run(command, stdout=log, stderr=log)
-    if process.returncode != 0:
-        return f"{run.label()}: FAILED (exit {process.returncode}), see {models}.train.log"
+    if process.returncode != 0:  # the log's last line: train.py's one-line error, or a traceback's end
+        last = next(reversed(Path(f"{models}.train.log").read_text().strip().splitlines()), "")
+        return f"{run.label()}: FAILED (exit {process.returncode}): {last} (see {models}.train.log)"
     measure(run, models, results, args)
     shutil.rmtree(checkpoints)  # the averaged model is in the model folder; checkpoints are 5 x model + Adam
     minutes = (time.monotonic() - started) / 60

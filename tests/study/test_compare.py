@@ -13,6 +13,7 @@ import sys
 import pytest
 
 from hf_posenc.generation_length import sentence_end_token_ids
+from hf_posenc.pipeline.data.files import data_root_hint
 from hf_posenc.pipeline.evaluation.decoding import load_translation_model, translate
 from hf_posenc.pipeline.training.hardware import Hardware
 from study import claims, cli, readme, report, runs, tables
@@ -585,3 +586,19 @@ def test_no_report_trains_the_planned_runs_and_writes_no_report(tmp_path, monkey
     assert (
         "--no_report writes no report: it cannot go with --report_only or --readme" in capsys.readouterr().err
     )
+
+
+def test_a_failed_run_says_its_error_line_and_where_the_log_is(tmp_path, monkeypatch):
+    """A run that train.py refuses (here: no data root) logs the refusal's line with the run, not only the log's
+    path (the study goes on with the other runs)."""
+    monkeypatch.delenv("HF_POSENC_DATA", raising=False)
+    folders = ["--models_dir", str(tmp_path / "models"), "--results_dir", str(tmp_path / "results")]
+    args = cli.parse_args([*TINY_COMPARISON, "--train_args", TINY_RUN, *folders])
+    args.run_precision = "fp32"
+    said = runs.execute(runs.Run("multi30k-en-de-tiny", "en-de", "sinusoidal", 1), args)
+    log = tmp_path / "models" / "multi30k-en-de-tiny" / "en-de" / "sinusoidal" / "seed1.train.log"
+    assert said == (
+        "sinusoidal seed 1 en-de: FAILED (exit 2): run.py: error: recipe multi30k-en-de-tiny reads "
+        f"data_dir=multi30k under the data root, and no data root is set: {data_root_hint(None).split(': ', 1)[1]} "
+        f"(see {log})"
+    ), said
