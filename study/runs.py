@@ -204,9 +204,15 @@ def train_all(runs: list[Run], args) -> None:
         initializer=start_worker,
         initargs=(args.threads,),
     )
-    with workers:
-        for finished in as_completed([workers.submit(execute, run, args, deadline) for run in pending]):
-            logger.info(finished.result())
+    try:
+        with workers:
+            for finished in as_completed([workers.submit(execute, run, args, deadline) for run in pending]):
+                logger.info(finished.result())
+    except KeyboardInterrupt:  # Ctrl-C reaches the workers' train.py processes too
+        raise KeyboardInterrupt(
+            "the runs that finished are recorded; the same command continues the others, each from its last "
+            "complete checkpoint"
+        ) from None
 
 
 def start_worker(threads: int) -> None:

@@ -602,3 +602,33 @@ def test_a_failed_run_says_its_error_line_and_where_the_log_is(tmp_path, monkeyp
         f"data_dir=multi30k under the data root, and no data root is set: {data_root_hint(None).split(': ', 1)[1]} "
         f"(see {log})"
     ), said
+
+
+class NoWorkers:
+    """Stands in for the study's process pool: takes the runs and starts none."""
+
+    def __init__(self, **kwargs):
+        pass
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exception):
+        return False
+
+    def submit(self, *call):
+        return None
+
+
+def test_an_interrupted_comparison_says_how_it_goes_on(tmp_path, monkeypatch, run_tool):
+    def interrupted(futures):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(runs, "ProcessPoolExecutor", NoWorkers)
+    monkeypatch.setattr(runs, "as_completed", interrupted)
+    folders = ["--models_dir", str(tmp_path / "models"), "--results_dir", str(tmp_path / "results")]
+    code, message = run_tool(cli.main, [*TINY_COMPARISON, "--train_args", TINY_RUN, *folders, "--no_report"])
+    assert code == 130 and message == (
+        "tool.py: interrupted: the runs that finished are recorded; the same command continues the others, each "
+        "from its last complete checkpoint"
+    ), message
