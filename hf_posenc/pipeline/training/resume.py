@@ -156,13 +156,18 @@ def last_complete_checkpoint(folder: Path) -> str:
     raise ValueError(f"--resume_from_checkpoint last: no complete checkpoint in {folder}")
 
 
-def how_to_resume(folder: Path, save_steps) -> str:
+def how_to_resume(folder: Path, training) -> str:
     """How a run stopped before its end goes on: the checkpoint `--resume_from_checkpoint last` continues from
-    (`last_complete_checkpoint`), or that none is complete yet."""
+    (`last_complete_checkpoint`), or that none is complete yet, or that the run saves none (`training`: its
+    `Seq2SeqTrainingArguments`)."""
+    strategy = getattr(training.save_strategy, "value", training.save_strategy)  # an enum after __post_init__
+    if strategy == "no":
+        return "it saves no checkpoints (--save_strategy no): start it again"
     try:
         return f"--resume_from_checkpoint last continues it from {last_complete_checkpoint(folder)}"
     except ValueError:
-        return f"no checkpoint is complete yet (one every {save_steps} updates): start it again"
+        every = f" (one every {training.save_steps} updates)" if strategy == "steps" else ""
+        return f"no checkpoint is complete yet{every}: start it again"
 
 
 def checkpoint_problem(checkpoint: Path) -> str | None:

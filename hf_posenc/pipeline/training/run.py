@@ -439,12 +439,12 @@ def run_updates(trainer: TranslationTrainer, resume: str | None, args: Arguments
     except torch.OutOfMemoryError:
         raise ValueError(
             f"training ran out of {args.training.device} memory: lower --max_tokens (or the batch sizes); "
-            + how_to_resume(args.checkpoints_dir, args.training.save_steps)
+            + how_to_resume(args.checkpoints_dir, args.training)
         ) from None
     except KeyboardInterrupt:
         raise KeyboardInterrupt(
             f"training stopped at update {trainer.state.global_step}; "
-            + how_to_resume(args.checkpoints_dir, args.training.save_steps)
+            + how_to_resume(args.checkpoints_dir, args.training)
         ) from None
 
 

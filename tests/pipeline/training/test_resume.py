@@ -42,6 +42,18 @@ def test_resuming_last_skips_a_half_written_checkpoint(tmp_path, caplog, tiny_ru
     args = arguments.parse_args([*flags, "--max_steps", "4", "--resume_from_checkpoint", "last"])
     assert resume.resume_checkpoint(args) == str(checkpoints / "checkpoint-1")
     assert "checkpoint-2 is incomplete (no trainer_state.json): trying the one before" in caplog.text
+    # what a run stopped before its end says (Ctrl-C, a device out of memory)
+    stopped = arguments.parse_args([*flags, "--save_strategy", "steps", "--save_steps", "1"]).training
+    assert resume.how_to_resume(checkpoints, stopped) == (
+        f"--resume_from_checkpoint last continues it from {checkpoints / 'checkpoint-1'}"
+    )
+    assert resume.how_to_resume(tmp_path / "none", stopped) == (
+        f"no checkpoint is complete yet (one every {stopped.save_steps} updates): start it again"
+    )
+    saving_none = arguments.parse_args([*flags, "--save_strategy", "no", "--average_last", "0"]).training
+    assert resume.how_to_resume(checkpoints, saving_none) == (
+        "it saves no checkpoints (--save_strategy no): start it again"
+    )
     scores = run.main([*flags, "--max_steps", "4", "--resume_from_checkpoint", "last"])
     # the record says which updates this attempt made, not "4 updates in <this attempt's minutes>"
     assert (scores["steps"], scores["updates_this_attempt"], scores["resumed_from"]) == (4, 3, "checkpoint-1")
