@@ -1,7 +1,11 @@
 """What a run checks before its first update, after the data and the model are built: the data's longest pair
-fits the model's position tables (`check_longest_pair`) and its largest batches fit the machine's memory
-(`check_training_memory`). Each raises a ValueError that names the sizes and the setting to change."""
+fits the model's position tables (`check_longest_pair`), its largest batches fit the machine's memory
+(`check_training_memory`) and its checkpoints fit their disk (`check_disk_space`; `full_disk` says afterwards
+whether a failed update or save ran out of it). Each raises a ValueError that names the sizes and the setting to
+change."""
 
+import shutil
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
@@ -9,7 +13,8 @@ import torch
 from ...base import PositionLimitError
 from ..data.corpus import list_lengths
 from ..evaluation.decoding import check_decoding_memory
-from .hardware import SCORE_BYTES, check_memory
+from .hardware import GIB, SCORE_BYTES, check_memory
+from .resume import last_complete_checkpoint
 
 if TYPE_CHECKING:
     from .arguments import Arguments
@@ -62,3 +67,81 @@ def check_training_memory(args: "Arguments", model, data: "PreparedData", paddin
     if training.predict_with_generate or args.run.eval_bleu:  # the validation's translations, while training
         beams = model.generation_config.num_beams or 1
         check_decoding_memory(training.per_device_eval_batch_size, beams, vocabulary, training.device)
+
+
+# Bytes per parameter of a checkpoint (float32 weights and AdamW's two moments: model.safetensors and optimizer.pt;
+# the default recipe's checkpoint is 92 MB for 7.58M parameters) and of the run folder's float32 weights.
+CHECKPOINT_BYTES, WEIGHT_BYTES = 12, 4
+
+
+def size_text(size: int) -> str:
+    return f"{size / GIB:.2f} GiB" if size >= GIB else f"{size / 2**20:.1f} MiB"
+
+
+def nearest_existing(path: Path) -> Path:
+    """`path`, or the nearest folder above it that exists: the disk it will be written on."""
+    path = Path(path).absolute()
+    while not path.exists():
+        path = path.parent
+    return path
+
+
+def kept_checkpoints(training) -> int:
+    """The most checkpoints a run holds at once: `save_total_limit` + 1 (the Trainer writes a new one before it
+    deletes the oldest), 1 without a limit, fewer where the update budget saves fewer, none with
+    `--save_strategy no`."""
+    strategy = getattr(training.save_strategy, "value", training.save_strategy)
+    if strategy == "no":
+        return 0
+    kept = training.save_total_limit + 1 if training.save_total_limit else 1
+    if strategy == "steps" and training.max_steps > 0:
+        kept = min(kept, training.max_steps // training.save_steps)
+    return kept
+
+
+def check_disk_space(args: "Arguments", model) -> None:
+    """Refuse, before the first update, a run whose checkpoints (`kept_checkpoints` x `CHECKPOINT_BYTES` a
+    parameter, less those of a resumed run, which the new ones replace) and run folder (its weights) do not fit in
+    the free space of their disks (one need where both are on one disk), naming the sizes and the settings to
+    change."""
+    parameters, training = model.num_parameters(), args.training
+    kept = kept_checkpoints(training)
+    # a resumed run's checkpoints are rotated out as it saves new ones (an overwritten run's stay until the end)
+    saved = args.checkpoints_dir.glob("checkpoint-*/**/*") if training.resume_from_checkpoint else ()
+    rotated = sum(path.stat().st_size for path in saved if path.is_file())
+    needs = {}  # disk -> (bytes, a folder on it)
+    for folder, need in (
+        (args.checkpoints_dir, kept * CHECKPOINT_BYTES * parameters - rotated),
+        (Path(training.output_dir), WEIGHT_BYTES * parameters),
+    ):
+        place = nearest_existing(folder)
+        total, _ = needs.get(place.stat().st_dev, (0, place))
+        needs[place.stat().st_dev] = (total + need, place)
+    for need, place in needs.values():
+        free = shutil.disk_usage(place).free
+        if need > free:
+            raise ValueError(
+                f"the run needs at least {size_text(need)} on the disk of {place} ({kept} checkpoints of "
+                f"{size_text(CHECKPOINT_BYTES * parameters)} held at once, and the run folder's weights), and "
+                f"{size_text(free)} are free: free space, keep fewer checkpoints (--save_total_limit), or write "
+                "elsewhere (--output_dir)"
+            )
+
+
+def full_disk(args: "Arguments", model) -> str | None:
+    """Why a failed update or save failed, where the checkpoints' disk has less free space than one checkpoint
+    takes (the newest complete one, else `CHECKPOINT_BYTES` a parameter); None otherwise. (torch and safetensors
+    each word a full disk their own way.)"""
+    place = nearest_existing(args.checkpoints_dir)
+    try:
+        newest = Path(last_complete_checkpoint(args.checkpoints_dir))
+        checkpoint = sum(path.stat().st_size for path in newest.rglob("*") if path.is_file())
+    except ValueError:  # none yet
+        checkpoint = CHECKPOINT_BYTES * model.num_parameters()
+    free = shutil.disk_usage(place).free
+    if free >= checkpoint:
+        return None
+    return (
+        f"the disk of {place} is full ({size_text(free)} free, a checkpoint takes {size_text(checkpoint)}): free "
+        "space, or keep fewer checkpoints (--save_total_limit)"
+    )

@@ -162,12 +162,12 @@ def how_to_resume(folder: Path, training) -> str:
     `Seq2SeqTrainingArguments`)."""
     strategy = getattr(training.save_strategy, "value", training.save_strategy)  # an enum after __post_init__
     if strategy == "no":
-        return "it saves no checkpoints (--save_strategy no): start it again"
+        return "it saves no checkpoints (--save_strategy no): start it again with --overwrite_output_dir"
     try:
         return f"--resume_from_checkpoint last continues it from {last_complete_checkpoint(folder)}"
     except ValueError:
         every = f" (one every {training.save_steps} updates)" if strategy == "steps" else ""
-        return f"no checkpoint is complete yet{every}: start it again"
+        return f"no checkpoint is complete yet{every}: start it again with --overwrite_output_dir"
 
 
 def checkpoint_problem(checkpoint: Path) -> str | None:

@@ -50,7 +50,7 @@ from ..evaluation.scoring import degenerate_output, encoder_token_cosine, score_
 from ..export.run_folder import check_output_folders, export, set_aside_checkpoints, updates_text
 from .arguments import Arguments, model_config, model_fields, parse_args
 from .averaging import average_into, list_checkpoints, select_checkpoints
-from .fit import check_longest_pair, check_training_memory
+from .fit import check_disk_space, check_longest_pair, check_training_memory, full_disk
 from .hardware import (
     busy_share,
     check_compiler,
@@ -67,6 +67,7 @@ from .progress import TrainingProgressCallback, UpdateBudgetCheck
 from .resume import check_resume_settings, how_to_resume, resume_checkpoint
 from .schedule import BudgetSchedule, SchedulePlan
 from .trainer import (
+    StopOnInterrupt,
     TimeBudgetCallback,
     TranslationTrainer,
     leave_process_group,
@@ -337,12 +338,16 @@ def batch_padding(args: Arguments, data: PreparedData, seed: int) -> dict:
     return {"length_buckets": buckets, "batches": len(sampler), **report}
 
 
+def token_budget_batches(args: Arguments) -> bool:
+    """Whether the run trains on token-budget batches: `--max_tokens` given, for a MarianPosEnc model (the stock
+    baseline trains on the Trainer's own batches of per_device_train_batch_size sentences)."""
+    return args.data.max_tokens is not None and args.model.architecture == "marian_posenc"
+
+
 def build_trainer(args: Arguments, model, data: PreparedData, training, precision):
     """(the Trainer with token-budget batches and the budget's callbacks, the learning-rate plan or None, the
-    budget check or None, the first epoch's batch padding or None)."""
-    # the stock baseline trains on the Trainer's own batches of per_device_train_batch_size sentences
-    max_tokens = args.data.max_tokens if args.model.architecture == "marian_posenc" else None
-    padding = batch_padding(args, data, training.seed) if max_tokens else None
+    budget check or None)."""
+    max_tokens = args.data.max_tokens if token_budget_batches(args) else None
     time_budget = TimeBudgetCallback(args.run.minutes) if args.run.minutes else None
     plan = SchedulePlan(max(1, round(training.warmup_steps))) if args.planned_schedule else None
     if plan is not None:
@@ -385,19 +390,21 @@ def build_trainer(args: Arguments, model, data: PreparedData, training, precisio
             compile_seconds=trainer.compile_clock,
         )
         trainer.add_callback(check)
-    return trainer, plan, check, padding
+    return trainer, plan, check
 
 
 def train(args: Arguments, model, data: PreparedData, precision) -> tuple[TranslationTrainer, TrainingReport]:
     """`Seq2SeqTrainer` run with token-budget batches, the time budget, progress and a budget check."""
     resume = resume_checkpoint(args)
+    padding = batch_padding(args, data, args.training.seed) if token_budget_batches(args) else None
+    check_training_memory(args, model, data, padding)  # before anything is written or set aside
+    check_disk_space(args, model)
     if args.training.process_index == 0:
         if args.run.overwrite_output_dir and resume is None:
             set_aside_checkpoints(args.checkpoints_dir)
         check_resume_settings(args, model, resume)
     training = trainer_arguments(args, precision)
-    trainer, plan, check, padding = build_trainer(args, model, data, training, precision)
-    check_training_memory(args, model, data, padding)
+    trainer, plan, check = build_trainer(args, model, data, training, precision)
     first_step = json.loads((Path(resume) / "trainer_state.json").read_text())["global_step"] if resume else 0
     memory_reused = args.run.cpu_memory == "reuse" and keep_freed_memory(training.device)
     if memory_reused:
@@ -432,20 +439,32 @@ def train(args: Arguments, model, data: PreparedData, precision) -> tuple[Transl
 
 
 def run_updates(trainer: TranslationTrainer, resume: str | None, args: Arguments) -> int:
-    """The Trainer's updates (the step it ends at); a GPU running out of memory (the CPU's memory is checked
-    before, `check_training_memory`) or an interrupt (Ctrl-C) ends in one line saying how the run goes on."""
+    """The Trainer's updates (the step it ends at). Ctrl-C stops training after the update under way, with a
+    checkpoint there (`StopOnInterrupt`; one process only), and ends in one line saying how the run goes on; so
+    does a GPU running out of memory (the CPU's memory is checked before, `check_training_memory`) and a disk that
+    filled up (`full_disk`)."""
+    stop = StopOnInterrupt()
+    if args.training.world_size == 1:
+        trainer.add_callback(stop)
     try:
-        return trainer.train(resume_from_checkpoint=resume).global_step
+        steps = trainer.train(resume_from_checkpoint=resume).global_step
     except torch.OutOfMemoryError:
         raise ValueError(
             f"training ran out of {args.training.device} memory: lower --max_tokens (or the batch sizes); "
             + how_to_resume(args.checkpoints_dir, args.training)
         ) from None
-    except KeyboardInterrupt:
+    except KeyboardInterrupt:  # a second Ctrl-C, or one in a process of several
+        steps, stop.interrupted = trainer.state.global_step, True
+    except Exception:
+        full = full_disk(args, trainer.model)
+        if full is None:
+            raise
+        raise ValueError(f"{full}; " + how_to_resume(args.checkpoints_dir, args.training)) from None
+    if stop.interrupted:
         raise KeyboardInterrupt(
-            f"training stopped at update {trainer.state.global_step}; "
-            + how_to_resume(args.checkpoints_dir, args.training)
-        ) from None
+            f"training stopped at update {steps}; " + how_to_resume(args.checkpoints_dir, args.training)
+        )
+    return steps
 
 
 def compilation_summary(clock) -> dict | None:

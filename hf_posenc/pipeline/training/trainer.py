@@ -12,6 +12,8 @@
 * `leave_process_group`: the end of a multi-process run without a hang or an abort on the way out.
 """
 
+import signal
+import threading
 import time
 
 import datasets
@@ -187,6 +189,35 @@ class TimeBudgetCallback(TrainerCallback, ExportableState):
 
     def state(self) -> dict:
         return {"args": {"minutes": self.minutes}, "attributes": {"spent_seconds": self.spent_seconds}}
+
+
+class StopOnInterrupt(TrainerCallback):
+    """Ctrl-C (SIGINT) during training: the update under way finishes, a checkpoint is saved where the run saves
+    checkpoints, and training stops (`interrupted` says so); a second Ctrl-C interrupts at once. Where torch or a
+    library is interrupted in the middle of their work (a checkpoint being written, its rotation), they can end
+    in another error than the interrupt. In one process, and its main thread, only: processes that trained on
+    would wait for the stopped one forever."""
+
+    def __init__(self):
+        self.interrupted = False
+        self.previous = None
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        if threading.current_thread() is threading.main_thread():
+            self.previous = signal.signal(signal.SIGINT, self.interrupt)
+
+    def interrupt(self, signum, frame):
+        self.interrupted = True
+        signal.signal(signal.SIGINT, self.previous)  # a second Ctrl-C: at once
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if self.interrupted:
+            control.should_training_stop = True
+            control.should_save = getattr(args.save_strategy, "value", args.save_strategy) != "no"
+
+    def on_train_end(self, args, state, control, **kwargs):
+        if self.previous is not None:
+            signal.signal(signal.SIGINT, self.previous)
 
 
 def translation_metrics(tokenizer):

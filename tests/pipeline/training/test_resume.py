@@ -48,11 +48,11 @@ def test_resuming_last_skips_a_half_written_checkpoint(tmp_path, caplog, tiny_ru
         f"--resume_from_checkpoint last continues it from {checkpoints / 'checkpoint-1'}"
     )
     assert resume.how_to_resume(tmp_path / "none", stopped) == (
-        f"no checkpoint is complete yet (one every {stopped.save_steps} updates): start it again"
+        f"no checkpoint is complete yet (one every {stopped.save_steps} updates): start it again with --overwrite_output_dir"
     )
     saving_none = arguments.parse_args([*flags, "--save_strategy", "no", "--average_last", "0"]).training
     assert resume.how_to_resume(checkpoints, saving_none) == (
-        "it saves no checkpoints (--save_strategy no): start it again"
+        "it saves no checkpoints (--save_strategy no): start it again with --overwrite_output_dir"
     )
     scores = run.main([*flags, "--max_steps", "4", "--resume_from_checkpoint", "last"])
     # the record says which updates this attempt made, not "4 updates in <this attempt's minutes>"
