@@ -3,14 +3,19 @@ token-budget loader on a CPU pins nothing, length buckets change the batches' sh
 losses, the optimizer is torch's fused AdamW, label smoothing by torch's cross_entropy is transformers' label
 smoother, and throughput is reported in target tokens."""
 
+import os
+import signal
+import time
 import warnings
+from types import SimpleNamespace
 
 import pytest
 import torch
+from transformers import TrainerControl
 from transformers.trainer_pt_utils import LabelSmoother
 
 from hf_posenc.pipeline.training import arguments
-from hf_posenc.pipeline.training.trainer import CrossEntropyLabelSmoother, TranslationTrainer
+from hf_posenc.pipeline.training.trainer import CrossEntropyLabelSmoother, StopOnInterrupt, TranslationTrainer
 from tests.pipeline.training.trainer_probe import build_trainer
 
 
@@ -124,3 +129,21 @@ def test_under_token_batches_the_trainer_reports_target_tokens_not_samples_per_s
     trainer.max_tokens, trainer.target_tokens = 2500, 5000
     trainer.log({"train_runtime": 10.0, "train_samples_per_second": 12.8, "train_loss": 3.0})
     assert logged == [{"train_runtime": 10.0, "train_loss": 3.0, "train_target_tokens_per_second": 500.0}]
+
+
+@pytest.mark.parametrize("strategy, saved", [("steps", True), ("no", False)])
+def test_a_first_interrupt_stops_training_after_the_update_under_way_and_a_second_one_at_once(
+    strategy, saved
+):
+    stop, control, args = StopOnInterrupt(), TrainerControl(), SimpleNamespace(save_strategy=strategy)
+    previous = signal.getsignal(signal.SIGINT)
+    stop.on_train_begin(args, None, control)
+    stop.on_step_end(args, None, control)
+    assert not control.should_training_stop and not stop.interrupted
+    os.kill(os.getpid(), signal.SIGINT)  # a real Ctrl-C: no KeyboardInterrupt here
+    time.sleep(0.01)
+    assert stop.interrupted and signal.getsignal(signal.SIGINT) is previous  # the next one: at once
+    stop.on_step_end(args, None, control)
+    assert control.should_training_stop and control.should_save is saved
+    stop.on_train_end(args, None, control)
+    assert signal.getsignal(signal.SIGINT) is previous
