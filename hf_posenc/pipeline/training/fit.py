@@ -15,6 +15,7 @@ from ..data.corpus import list_lengths
 from ..evaluation.decoding import check_decoding_memory
 from .hardware import GIB, SCORE_BYTES, check_memory
 from .resume import last_complete_checkpoint
+from .trainer import save_strategy
 
 if TYPE_CHECKING:
     from .arguments import Arguments
@@ -90,7 +91,7 @@ def kept_checkpoints(training) -> int:
     """The most checkpoints a run holds at once: `save_total_limit` + 1 (the Trainer writes a new one before it
     deletes the oldest), 1 without a limit, fewer where the update budget saves fewer, none with
     `--save_strategy no`."""
-    strategy = getattr(training.save_strategy, "value", training.save_strategy)
+    strategy = save_strategy(training)
     if strategy == "no":
         return 0
     kept = training.save_total_limit + 1 if training.save_total_limit else 1

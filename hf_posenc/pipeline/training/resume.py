@@ -17,6 +17,7 @@ from safetensors import SafetensorError, safe_open
 
 from .arguments import Arguments
 from .averaging import RUN_SPECIFIC_CONFIG_KEYS, config_defaults
+from .trainer import save_strategy
 
 logger = logging.getLogger("train")
 SETTINGS_FILE = "run_settings.json"  # in the checkpoint folder: what a resumed run must repeat
@@ -160,7 +161,7 @@ def how_to_resume(folder: Path, training) -> str:
     """How a run stopped before its end goes on: the checkpoint `--resume_from_checkpoint last` continues from
     (`last_complete_checkpoint`), or that none is complete yet, or that the run saves none (`training`: its
     `Seq2SeqTrainingArguments`)."""
-    strategy = getattr(training.save_strategy, "value", training.save_strategy)  # an enum after __post_init__
+    strategy = save_strategy(training)
     if strategy == "no":
         return "it saves no checkpoints (--save_strategy no): start it again with --overwrite_output_dir"
     try:

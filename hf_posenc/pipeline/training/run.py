@@ -460,6 +460,8 @@ def run_updates(trainer: TranslationTrainer, resume: str | None, args: Arguments
         if full is None:
             raise
         raise ValueError(f"{full}; " + how_to_resume(args.checkpoints_dir, args.training)) from None
+    finally:
+        stop.restore()
     if stop.interrupted:
         raise KeyboardInterrupt(
             f"training stopped at update {steps}; " + how_to_resume(args.checkpoints_dir, args.training)

@@ -191,16 +191,21 @@ class TimeBudgetCallback(TrainerCallback, ExportableState):
         return {"args": {"minutes": self.minutes}, "attributes": {"spent_seconds": self.spent_seconds}}
 
 
+def save_strategy(training) -> str:
+    """The Trainer arguments' `save_strategy` as its name ("no", "steps", ...; an enum once the arguments are
+    built)."""
+    return getattr(training.save_strategy, "value", training.save_strategy)
+
+
 class StopOnInterrupt(TrainerCallback):
     """Ctrl-C (SIGINT) during training: the update under way finishes, a checkpoint is saved where the run saves
-    checkpoints, and training stops (`interrupted` says so); a second Ctrl-C interrupts at once. Where torch or a
-    library is interrupted in the middle of their work (a checkpoint being written, its rotation), they can end
-    in another error than the interrupt. In one process, and its main thread, only: processes that trained on
-    would wait for the stopped one forever."""
+    checkpoints, and training stops (`interrupted` says so). A second Ctrl-C interrupts at once, wherever torch or
+    a library is (writing a checkpoint, rotating them), which can end in another error than the interrupt. In one
+    process, and its main thread, only: processes that trained on would wait for the stopped one forever."""
 
     def __init__(self):
         self.interrupted = False
-        self.previous = None
+        self.previous = None  # the SIGINT handler before training
 
     def on_train_begin(self, args, state, control, **kwargs):
         if threading.current_thread() is threading.main_thread():
@@ -213,11 +218,16 @@ class StopOnInterrupt(TrainerCallback):
     def on_step_end(self, args, state, control, **kwargs):
         if self.interrupted:
             control.should_training_stop = True
-            control.should_save = getattr(args.save_strategy, "value", args.save_strategy) != "no"
+            control.should_save = save_strategy(args) != "no"
 
     def on_train_end(self, args, state, control, **kwargs):
+        self.restore()
+
+    def restore(self) -> None:
+        """The handler before training back (also where training ended in an error, without `on_train_end`)."""
         if self.previous is not None:
             signal.signal(signal.SIGINT, self.previous)
+            self.previous = None
 
 
 def translation_metrics(tokenizer):
