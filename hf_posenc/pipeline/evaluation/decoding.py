@@ -155,11 +155,9 @@ def translate(
     started = time.monotonic()
     for start in range(0, len(order), batch_size):
         indices = order[start : start + batch_size]
-        try:
+        try:  # a GPU's memory (the CPU's is checked before, `check_decoding_memory`)
             texts = generate_batch(model, tokenizer, [sources[i] for i in indices], bf16, generate_kwargs)
-        except (
-            torch.OutOfMemoryError
-        ):  # a GPU's memory (the CPU's is checked before, `check_decoding_memory`)
+        except torch.OutOfMemoryError:
             raise ValueError(
                 f"decoding {len(indices)} sentences x {beams} beams at once ran out of {model.device} memory: "
                 "lower batch_size or num_beams"

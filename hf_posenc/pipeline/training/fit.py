@@ -13,7 +13,7 @@ import torch
 from ...base import PositionLimitError
 from ..data.corpus import list_lengths
 from ..evaluation.decoding import check_decoding_memory
-from .hardware import GIB, SCORE_BYTES, check_memory
+from .hardware import SCORE_BYTES, check_memory, size_text
 from .resume import last_complete_checkpoint
 from .trainer import save_strategy
 
@@ -73,10 +73,6 @@ def check_training_memory(args: "Arguments", model, data: "PreparedData", paddin
 # Bytes per parameter of a checkpoint (float32 weights and AdamW's two moments: model.safetensors and optimizer.pt;
 # the default recipe's checkpoint is 92 MB for 7.58M parameters) and of the run folder's float32 weights.
 CHECKPOINT_BYTES, WEIGHT_BYTES = 12, 4
-
-
-def size_text(size: int) -> str:
-    return f"{size / GIB:.2f} GiB" if size >= GIB else f"{size / 2**20:.1f} MiB"
 
 
 def nearest_existing(path: Path) -> Path:

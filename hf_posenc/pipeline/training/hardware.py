@@ -203,16 +203,13 @@ SCORE_BYTES = 8
 GIB = 2**30
 
 
+MALLINFO2_FIELDS = "arena ordblks smblks hblks hblkhd usmblks fsmblks uordblks fordblks keepcost".split()
+
+
 class MallocInfo(ctypes.Structure):
     """glibc's `struct mallinfo2` (malloc.h, glibc 2.33 on): `fordblks` is the free memory held in the heap."""
 
-    _fields_ = [
-        (name, ctypes.c_size_t)
-        for name in (
-            *("arena", "ordblks", "smblks", "hblks", "hblkhd"),
-            *("usmblks", "fsmblks", "uordblks", "fordblks", "keepcost"),
-        )
-    ]
+    _fields_ = [(name, ctypes.c_size_t) for name in MALLINFO2_FIELDS]
 
 
 def heap_free_bytes() -> int:
@@ -247,6 +244,11 @@ def available_memory(device, meminfo: Path = Path("/proc/meminfo"), cgroup: Path
     return available + heap_free_bytes()
 
 
+def size_text(size: int) -> str:
+    """A size in bytes as people read it: GiB from one GiB up, MiB below."""
+    return f"{size / GIB:.2f} GiB" if size >= GIB else f"{size / 2**20:.1f} MiB"
+
+
 def check_memory(needed: int, device, what: str, fix: str) -> None:
     """Refuse work whose smallest need, `needed` bytes for `what`, is more than `device` has available: on the
     CPU the kernel would kill the process without a message once its memory is gone, on a GPU torch would fail
@@ -254,7 +256,7 @@ def check_memory(needed: int, device, what: str, fix: str) -> None:
     available = available_memory(device)
     if available is not None and needed > available:
         raise ValueError(
-            f"{what} needs at least {needed / GIB:.1f} GiB, more than the {available / GIB:.1f} GiB available "
+            f"{what} needs at least {size_text(needed)}, more than the {size_text(available)} available "
             f"({torch.device(device).type}): {fix}"
         )
 

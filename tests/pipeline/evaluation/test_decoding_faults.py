@@ -145,7 +145,7 @@ def test_beams_whose_scores_cannot_fit_in_memory_are_refused_before_decoding(
         translate(model, tokenizer, SOURCES[:2], num_beams=10**12, progress_bar=False)
     assert str(raised.value).startswith(
         f"decoding 2 sentences x {10**12} beams at once (a step's scores: {rows} rows x {vocabulary} tokens) "
-        f"needs at least {rows * vocabulary * 8 / 2**30:.1f} GiB, more than the "
+        f"needs at least {rows * vocabulary * 8 / 2**30:.2f} GiB, more than the "
     ), str(raised.value)
     assert str(raised.value).endswith("GiB available (cpu): lower batch_size or num_beams")
     with pytest.raises(ValueError, match=r"^decoding \d+ sentences? x 1000000000000 beams"):  # by sentence

@@ -315,7 +315,7 @@ def test_a_need_above_the_available_memory_is_refused_with_both_figures(monkeypa
     monkeypatch.setattr(hardware, "available_memory", lambda device: 3 * 2**30)
     with pytest.raises(
         ValueError,
-        match=r"^decoding X needs at least 4.5 GiB, more than the 3.0 GiB available \(cpu\): lower Y$",
+        match=r"^decoding X needs at least 4.50 GiB, more than the 3.00 GiB available \(cpu\): lower Y$",
     ):
         check_memory(int(4.5 * 2**30), "cpu", "decoding X", "lower Y")
     check_memory(3 * 2**30, "cpu", "decoding X", "lower Y")  # fits exactly

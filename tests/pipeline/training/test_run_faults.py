@@ -45,9 +45,9 @@ def test_batches_whose_scores_cannot_fit_in_memory_are_refused_before_the_first_
     monkeypatch.setattr(TranslationTrainer, "train", no_training)
     flags = [*tiny_run_flags(), "--output_dir", tmp_path / "run", "--max_steps", "2", "--average_last", "0"]
     code, message = run_tool(run.main, flags)
-    assert_refused(code, message, ["x 400 tokens needs at least", "more than the 0.0 GiB available (cpu)"])
+    assert_refused(code, message, ["x 400 tokens needs at least", "more than the 0.1 MiB available (cpu)"])
     positions = int(re.search(r"training on batches of (\d+) target positions x 400 tokens", message)[1])
-    assert f"needs at least {positions * 400 * 8 / 2**30:.1f} GiB" in message and 0 < positions <= 4096
+    assert f"needs at least {positions * 400 * 8 / 2**20:.1f} MiB" in message and 0 < positions <= 4096
     assert message.endswith(": lower --max_tokens"), message
     stock = [
         "--architecture",
