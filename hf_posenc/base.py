@@ -574,6 +574,10 @@ class PosEncCache(EncoderDecoderCache):
 
     def batch_repeat_interleave(self, repeats: int):
         super().batch_repeat_interleave(repeats)
+        self.repeat_extra_state(repeats)
+
+    def repeat_extra_state(self, repeats: int):
+        """Every per-sequence entry repeated `repeats` times along the batch (each sequence's beams)."""
         for name, state in self.extra_state.items():
             self.extra_state[name] = state.repeat_interleave(repeats, dim=0)
 

@@ -170,10 +170,7 @@ class Decoder:
         # repeated for the beams, as `generate` expands them before decoding.
         if self.sharing > 1:
             self.cache.self_attention_cache.batch_repeat_interleave(repeats)
-            self.cache.extra_state = {
-                name: state.repeat_interleave(repeats, dim=0)
-                for name, state in self.cache.extra_state.items()
-            }
+            self.cache.repeat_extra_state(repeats)
         else:
             self.cache.batch_repeat_interleave(repeats)
         self.encoder_outputs, self.source_mask = expanded(self.encoder_outputs, self.source_mask, repeats)
