@@ -1,10 +1,12 @@
 """The console commands, and how every command-line tool ends on bad input: the error's message, naming the bad
-value, file or flag, on one line and exit code 2, as argparse does for bad flags; no traceback. Ctrl-C ends in one
-line too (exit code 130). Other exceptions (bugs) keep theirs. A module that an extra installs and this install
-lacks is named with the extra to install. `check_number` is the range check the tools apply to their numeric
-flags."""
+value, file or flag, on one line and exit code 2, as argparse does for bad flags; no traceback. A full disk and
+Ctrl-C end in one line too (exit codes 2 and 130). Other exceptions (bugs) keep theirs. A module that an extra
+installs and this install lacks is named with the extra to install. `check_number` is the range check the tools
+apply to their numeric flags."""
 
+import errno
 import math
+import os
 import sys
 from collections.abc import Callable
 from importlib import import_module
@@ -22,8 +24,9 @@ EXTRA_OF_MODULE = {
 
 
 def run_cli(main: Callable[[], object], tool: str | None = None) -> None:
-    """Run a tool's `main()`; a user error is printed as `<tool>: error: <message>` (`tool`: the program's name
-    unless given) and exits with 2, an interrupt as `<tool>: interrupted[: <what it says>]` with 130."""
+    """Run a tool's `main()`; a user error, or a full disk (`disk_full`), is printed as `<tool>: error: <message>`
+    (`tool`: the program's name unless given) and exits with 2, an interrupt as `<tool>: interrupted[: <what it
+    says>]` with 130."""
     tool = tool or Path(sys.argv[0]).name
     try:
         main()
@@ -43,6 +46,19 @@ def run_cli(main: Callable[[], object], tool: str | None = None) -> None:
             file=sys.stderr,
         )
         sys.exit(2)
+    except Exception as error:
+        if not disk_full(error):
+            raise
+        print(f"{tool}: error: a disk is full ({error}): free space and run it again", file=sys.stderr)
+        sys.exit(2)
+
+
+def disk_full(error: Exception) -> bool:
+    """Whether `error` says that a disk is full: an OSError's number, or the text of the OS error that safetensors
+    and others wrap in their own exception."""
+    if isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EDQUOT):
+        return True
+    return any(text in str(error) for text in (os.strerror(errno.ENOSPC), os.strerror(errno.EDQUOT)))
 
 
 def command(target: str) -> Callable[[], None]:

@@ -1,7 +1,9 @@
 """The console commands and the ways of giving a run its settings: a recipe by name or by path, and a JSON or
 YAML file of flags in place of the command line (HF's `args.json` convention)."""
 
+import errno
 import json
+import os
 import subprocess
 from importlib import import_module
 from importlib.metadata import distribution
@@ -127,3 +129,30 @@ def test_an_interrupt_ends_any_tool_in_one_line_with_exit_code_130(said, line, c
     with pytest.raises(SystemExit) as exit_info:
         run_cli(interrupted, "tool")
     assert exit_info.value.code == 130 and capsys.readouterr().err == line + "\n"
+
+
+FULL_DISKS = {
+    "os": OSError(errno.ENOSPC, os.strerror(errno.ENOSPC)),
+    "quota": OSError(errno.EDQUOT, os.strerror(errno.EDQUOT)),
+    "safetensors": RuntimeError("Error while serializing: I/O error: No space left on device (os error 28)"),
+}
+
+
+@pytest.mark.parametrize("error", FULL_DISKS.values(), ids=FULL_DISKS)
+def test_a_full_disk_ends_any_tool_in_one_line_and_other_errors_keep_their_stack(error, capsys):
+    """Before: `hf-posenc-average` onto a full disk ended in safetensors' stack, `hf-posenc-export` in OSError's."""
+    from hf_posenc.pipeline.cli import run_cli
+
+    def failing():
+        raise error
+
+    with pytest.raises(SystemExit) as exit_info:
+        run_cli(failing, "tool")
+    assert exit_info.value.code == 2
+    assert capsys.readouterr().err == f"tool: error: a disk is full ({error}): free space and run it again\n"
+
+    def buggy():
+        raise RuntimeError("a bug")
+
+    with pytest.raises(RuntimeError, match="a bug"):
+        run_cli(buggy, "tool")
