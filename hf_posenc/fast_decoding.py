@@ -228,8 +228,8 @@ def processors(settings: dict, eos: int, extra: LogitsProcessorList, device) -> 
 @torch.no_grad()
 def fast_generate(model, source, source_mask, settings: dict, extra: LogitsProcessorList) -> torch.LongTensor:
     """The sequences `generate` returns for `source` (B, S) with `source_mask` (B, S; None: no mask, as `generate`
-    reads a source given without one) under `settings` (the served
-    keys, resolved: `max_length` counts the decoder start token) and the processors `extra`; (B, T)."""
+    reads a source given without one) under `settings` (the served keys, resolved: `max_length` counts the
+    decoder start token) and the processors `extra`; (B, T)."""
     encoder_outputs = model.get_encoder()(input_ids=source, attention_mask=source_mask, return_dict=True)
     step = Decoder(
         model, encoder_outputs, source_mask, settings["num_beams"], settings[SHARED_CROSS_ATTENTION]

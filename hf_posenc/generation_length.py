@@ -432,11 +432,11 @@ class LengthControlGenerationMixin:
 
     def generate(self, inputs=None, generation_config=None, logits_processor=None, **kwargs):
         """`GenerationMixin.generate`; unless a length is given, allows source length + N new tokens, with N
-        from the call's or the generation config's `max_new_tokens_over_source` (50, paper 1); adds the source-tied length
-        control of the generation config or of the keyword arguments (`min_length_ratio`, `word_reward`,
-        `match_source_sentence_count` with `sentence_end_token_ids`, and the loop guard; module docstring). Refuses
-        a non-finite float setting and a count below 1 (`check_generation_settings`), which transformers
-        decodes into NaN scores or fails on deep inside."""
+        from the call's or the generation config's `max_new_tokens_over_source` (50, paper 1); adds the
+        source-tied length control of the generation config or of the keyword arguments (`min_length_ratio`,
+        `word_reward`, `match_source_sentence_count` with `sentence_end_token_ids`, and the loop guard; module
+        docstring). Refuses a non-finite float setting and a count below 1 (`check_generation_settings`), which
+        transformers decodes into NaN scores or fails on deep inside."""
         settings = generation_config or self.generation_config
         control = LengthControl.from_settings(settings, kwargs, self.config)  # first: its keys' own rules
         check_generation_settings(  # before the budget: it checks max_new_tokens_over_source too

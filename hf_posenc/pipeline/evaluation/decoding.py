@@ -144,7 +144,7 @@ def translate(
         )
     check_decoding_settings(model, generate_kwargs)
     beams = generate_kwargs.get("num_beams") or model.generation_config.num_beams or 1
-    vocabulary = getattr(model.config, "decoder_vocab_size", None) or model.config.vocab_size
+    vocabulary = model.get_output_embeddings().out_features  # as train.py's check reads it
     check_decoding_memory(min(batch_size, len(sources)), beams, vocabulary, model.device)
     model.eval()
     order = sorted(range(len(sources)), key=lambda i: len(sources[i]))

@@ -262,7 +262,7 @@ def test_kept_freed_memory_serves_the_next_large_tensor_without_page_faults():
     assert not released["applied"] and released["faults"] > 60_000
     if platform.libc_ver()[0] == "glibc":
         assert reused["applied"] and reused["faults"] < 1_000
-        # what `available_memory` adds to the kernel's figure: the freed tensors, only where they were kept
+        # what `check_memory` adds to the kernel's figure: the freed tensors, only where they were kept
         assert reused["heap_free"] >= 320 * 2**20 > 64 * 2**20 > released["heap_free"]
     else:  # another C library is left as it is
         assert not reused["applied"] and reused["faults"] > 60_000
@@ -293,31 +293,36 @@ def test_the_busy_share_sees_other_processes_spinning(tmp_path):
     assert busy_share(0.0, stat) is None and busy_share(0.0, tmp_path / "absent") is None
 
 
-def test_available_memory_is_the_kernels_figure_within_the_cgroup_limit_plus_the_heaps_free_memory(
-    tmp_path, monkeypatch
-):
-    monkeypatch.setattr(hardware, "heap_free_bytes", lambda: 5)
+def test_available_memory_is_the_kernels_figure_within_the_cgroup_limit(tmp_path):
     meminfo, cgroup = tmp_path / "meminfo", tmp_path / "cgroup"
     meminfo.write_text("MemTotal:       4096 kB\nMemAvailable:   2048 kB\n")
     cgroup.mkdir()
-    assert available_memory("cpu", meminfo, cgroup) == 2048 * 1024 + 5  # no cgroup files
+    assert available_memory("cpu", meminfo, cgroup) == 2048 * 1024  # no cgroup files
     (cgroup / "memory.max").write_text("1000000\n")
     (cgroup / "memory.current").write_text("400000\n")
-    assert available_memory("cpu", meminfo, cgroup) == 600_000 + 5  # the cgroup leaves less
+    assert available_memory("cpu", meminfo, cgroup) == 600_000  # the cgroup leaves less
     (cgroup / "memory.max").write_text("max\n")
-    assert available_memory("cpu", meminfo, cgroup) == 2048 * 1024 + 5  # no cgroup limit
+    assert available_memory("cpu", meminfo, cgroup) == 2048 * 1024  # no cgroup limit
     assert available_memory("cpu", tmp_path / "absent", cgroup) is None
     assert available_memory("meta") is None
     assert available_memory("cpu") > 0  # this machine's own figures
 
 
-def test_a_need_above_the_available_memory_is_refused_with_both_figures(monkeypatch):
+def test_a_need_above_the_available_memory_and_the_heaps_free_memory_is_refused_with_both_figures(
+    monkeypatch,
+):
+    def unread():
+        raise AssertionError("the heap's free memory was read though the kernel's figure sufficed")
+
     monkeypatch.setattr(hardware, "available_memory", lambda device: 3 * 2**30)
+    monkeypatch.setattr(hardware, "heap_free_bytes", unread)
+    check_memory(3 * 2**30, "cpu", "decoding X", "lower Y")  # fits exactly, without the heap
+    monkeypatch.setattr(hardware, "heap_free_bytes", lambda: 2**30)
+    check_memory(4 * 2**30, "cpu", "decoding X", "lower Y")  # fits with the freed memory the heap holds
     with pytest.raises(
         ValueError,
-        match=r"^decoding X needs at least 4.50 GiB, more than the 3.00 GiB available \(cpu\): lower Y$",
+        match=r"^decoding X needs at least 4.50 GiB, more than the 4.00 GiB available \(cpu\): lower Y$",
     ):
         check_memory(int(4.5 * 2**30), "cpu", "decoding X", "lower Y")
-    check_memory(3 * 2**30, "cpu", "decoding X", "lower Y")  # fits exactly
     monkeypatch.setattr(hardware, "available_memory", lambda device: None)
     check_memory(2**60, "cpu", "decoding X", "lower Y")  # not known: nothing refused

@@ -42,6 +42,7 @@ def test_batches_whose_scores_cannot_fit_in_memory_are_refused_before_the_first_
     """Before: the process grew until the kernel killed it, without a message (the default recipe with
     `--max_tokens 100000000`: one batch of every pair, 97 GiB of logits). The machine here has 64 KiB."""
     monkeypatch.setattr(hardware, "available_memory", lambda device: 2**16)
+    monkeypatch.setattr(hardware, "heap_free_bytes", lambda: 0)
     monkeypatch.setattr(TranslationTrainer, "train", no_training)
     flags = [*tiny_run_flags(), "--output_dir", tmp_path / "run", "--max_steps", "2", "--average_last", "0"]
     code, message = run_tool(run.main, flags)
