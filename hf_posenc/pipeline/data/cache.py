@@ -16,6 +16,8 @@ from pathlib import Path
 
 import datasets
 
+from ..cli import disk_full
+
 logger = logging.getLogger(__name__)
 
 
@@ -79,7 +81,7 @@ def counted(dataset: datasets.Dataset, manifest: dict, name: str) -> datasets.Da
 
 def cache_write_error(cache: Path, error: OSError) -> ValueError:
     """What to do when the cache folder cannot take an entry: a full disk, or no permission to write."""
-    if error.errno in (errno.ENOSPC, errno.EDQUOT):
+    if disk_full(error):
         return ValueError(
             f"the data cache {cache} ran out of disk space ({error.strerror}); free space there, or give "
             "--data_cache_dir a folder on a disk with room"
@@ -111,7 +113,7 @@ def write_entry(folder: Path, key: dict, build: Callable[[Path], dict]) -> dict:
         staging.rename(folder)
     except BaseException as error:
         shutil.rmtree(staging, ignore_errors=True)
-        if isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EDQUOT):
+        if isinstance(error, OSError) and disk_full(error):
             raise cache_write_error(cache_of(folder), error) from None
         raise
     return manifest

@@ -43,7 +43,6 @@ without the lock; an entry it lacks or holds damaged is an error naming it. A fu
 cache folder.
 """
 
-import errno
 import logging
 import os
 import shutil
@@ -63,6 +62,7 @@ from datasets.arrow_writer import ArrowWriter
 from filelock import FileLock
 from transformers import PreTrainedTokenizerBase, PreTrainedTokenizerFast
 
+from ..cli import disk_full
 from ..training.arguments import DataArguments
 from .augmentation import GROUP_SIZES, concatenation_groups
 from .cache import (
@@ -623,7 +623,7 @@ def build_corpus(source: PairSource, settings: CorpusSettings, cache: Path) -> C
                 pairs, kept, settings, cache, pairs_key
             )
     except OSError as error:
-        if error.errno in (errno.ENOSPC, errno.EDQUOT):  # the build folder's writes are in the cache too
+        if disk_full(error):  # the build folder's writes are in the cache too
             raise cache_write_error(cache, error) from None
         raise
     status = {"tokenizer": tokenizer_status, "pairs": pairs_status, "examples": examples_status}
