@@ -7,8 +7,8 @@ generation config (beam 4, length penalty 0.6, source length + 50) at 1 thread a
 with `fast_decoding=True`), the fast loop with int8 linear layers (`quantize_int8`,
 pipeline/evaluation/quantization.py) and CTranslate2 (`CTranslate2Model.translate`) with float32 and int8 weights;
 `--systems` picks some of them (`generate` always runs, it is the baseline; a model CTranslate2 cannot express
-needs `--systems fast torch-int8`). Threads are pinned for both (torch.set_num_threads, CTranslate2's
-intra_threads; one translation at a time). Reports sentences/s, the speed-up over `generate` at the same thread
+needs `--systems fast torch-int8`). Threads are pinned for both (torch.set_num_threads; CTranslate2's
+translator threads, each decoding whole batches). Reports sentences/s, the speed-up over `generate` at the same thread
 count in wall time and in the process's CPU time (which leaves out the time other jobs hold the cores: at one
 thread the two agree on a quiet machine), BLEU (sacreBLEU 13a) and how many lines equal `generate`'s, as a
 markdown table that replaces the measured section of docs/export.md (--doc; `--doc ''` only prints it), and as a

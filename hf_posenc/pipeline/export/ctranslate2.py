@@ -511,8 +511,10 @@ class CTranslate2Model:
 
     @classmethod
     def load(cls, folder, threads: int | None = None, compute_type: str = "default") -> "CTranslate2Model":
-        """Load an exported folder on the CPU with `threads` intra-op threads (None: torch's thread count).
-        `compute_type` "default" computes in the type the weights were exported in."""
+        """Load an exported folder on the CPU with `threads` threads (None: torch's thread count), each decoding
+        whole batches of its own (CTranslate2's `inter_threads`, one intra-op thread each): at d256, two threads
+        on one batch decode no faster than one (docs/export.md). `compute_type` "default" computes in the type
+        the weights were exported in."""
         from transformers import AutoTokenizer, GenerationConfig
 
         ctranslate2 = require_ctranslate2()
@@ -527,11 +529,15 @@ class CTranslate2Model:
                 f"{folder} lacks tokenizer.json or generation_config.json: export it again with "
                 "train_scripts/export_ctranslate2.py, which writes both beside the CTranslate2 model"
             )
-        threads = threads if threads is not None else torch.get_num_threads()
+        torch_threads = torch.get_num_threads()
+        threads = threads if threads is not None else torch_threads
         check_number("threads", threads, minimum=1, integer=True)
         translator = ctranslate2.Translator(
-            str(folder), device="cpu", compute_type=compute_type, inter_threads=1, intra_threads=threads
+            str(folder), device="cpu", compute_type=compute_type, inter_threads=threads, intra_threads=1
         )
+        # CTranslate2 sets the calling thread's OpenMP thread count to intra_threads, which is torch's on the CPU:
+        # torch's own decoding in this process would run on one thread from here on
+        torch.set_num_threads(torch_threads)
         return cls(
             translator, AutoTokenizer.from_pretrained(folder), GenerationConfig.from_pretrained(folder)
         )
@@ -545,7 +551,8 @@ class CTranslate2Model:
         length_control: dict | None = None,
     ) -> list[str]:
         """Translate in the batches `evaluation.translate` makes (sorted by length, `batch_size` sentences), so
-        each batch gets the length limit `generate` gives it; outputs in the input order. `length_control`
+        each batch gets the length limit `generate` gives it; outputs in the input order. Every batch is queued at
+        once, and the translator's threads decode them side by side. `length_control`
         overrides the saved length control (`decoding_options`); with `min_length_ratio`, the sources of a batch
         that need the same minimum length are decoded together (CTranslate2 takes one per call)."""
         check_number("batch_size", batch_size, minimum=1, integer=True)
@@ -553,9 +560,10 @@ class CTranslate2Model:
         options = decoding_options(self.generation_config, tokens, beam_size, length_penalty, length_control)
         control = length_control_for_ctranslate2(self.generation_config, length_control, len(tokens))
         minimum = options.pop("min_decoding_length")
-        check_decoding_memory(min(batch_size, len(sentences)), options["beam_size"], len(tokens), "cpu")
+        at_once = min(batch_size * self.translator.num_translators, len(sentences))  # one batch a thread
+        check_decoding_memory(at_once, options["beam_size"], len(tokens), "cpu")
         order = sorted(range(len(sentences)), key=lambda i: len(sentences[i]))
-        outputs = [None] * len(sentences)
+        outputs, queued = [None] * len(sentences), []
         for start in range(0, len(order), batch_size):
             indices = order[start : start + batch_size]
             ids = dict(
@@ -570,10 +578,13 @@ class CTranslate2Model:
                     [self.tokenizer.convert_ids_to_tokens(ids[i]) for i in group],
                     max_decoding_length=limit,
                     min_decoding_length=group_minimum,
+                    asynchronous=True,
                     **options,
                 )
-                for index, result in zip(group, results, strict=True):
-                    outputs[index] = self.decode(result.hypotheses[0])
+                queued.append((group, results))
+        for group, results in queued:
+            for index, result in zip(group, results, strict=True):
+                outputs[index] = self.decode(result.result().hypotheses[0])
         return outputs
 
     def decode(self, hypothesis: list[str]) -> str:

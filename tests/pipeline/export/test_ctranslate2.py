@@ -12,6 +12,7 @@ import gzip
 import json
 import subprocess
 import sys
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -61,6 +62,16 @@ def read(folder, name: str, count: int) -> list[str]:
     path = folder / name
     with gzip.open(path, "rt", encoding="utf-8") as lines:
         return [next(lines).strip() for _ in range(count)]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """torch on one thread here, as CTranslate2 decodes a batch and as the suite's two workers run: the trained
+    models' weights and their near-ties between beams then come out alike whatever HF_POSENC_TEST_THREADS says."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="module")
@@ -309,15 +320,16 @@ def test_the_export_is_self_contained_and_loads_without_the_model_folder(model_f
 def test_beams_whose_scores_cannot_fit_in_memory_are_refused_before_ctranslate2_decodes(
     model_folder, tmp_path, sentences, monkeypatch
 ):
-    """The check of `translate` (`check_decoding_memory`), with the export's vocabulary: CTranslate2 would allocate
-    until the kernel killed the process."""
+    """The check of `translate` (`check_decoding_memory`), with the export's vocabulary and a batch for each of the
+    translator's threads: CTranslate2 would allocate until the kernel killed the process."""
     export = CTranslate2Model.load(main([str(model_folder), str(tmp_path / "ct2")]), threads=1)
-    monkeypatch.setattr(export, "translator", None)  # any decoding would fail on it
+    # two threads, each decoding a batch of 2 at once; any decoding would fail on this translator
+    monkeypatch.setattr(export, "translator", SimpleNamespace(num_translators=2))
     vocabulary = len(export.tokenizer)
     with pytest.raises(ValueError) as raised:
-        export.translate(sentences[:3], beam_size=10**12)
+        export.translate(sentences[:5], beam_size=10**12, batch_size=2)
     assert str(raised.value).startswith(
-        f"decoding 3 sentences x {10**12} beams at once (a step's scores: {3 * 10**12} rows x {vocabulary} tokens)"
+        f"decoding 4 sentences x {10**12} beams at once (a step's scores: {4 * 10**12} rows x {vocabulary} tokens)"
     )
     assert str(raised.value).endswith("available (cpu): lower batch_size or num_beams")
 
@@ -396,5 +408,16 @@ def test_translate_ctranslate2_equals_evaluation_translate_on_the_trained_model(
     model, tokenizer = load_translation_model(model_folder)
     export_dir = model_folder.parent / "ct2-translate"
     export_ctranslate2(model_folder, export_dir)
-    ours = CTranslate2Model.load(export_dir, threads=1).translate(sentences, batch_size=5)
-    assert ours == translate(model, tokenizer, sentences, batch_size=5)
+    expected = translate(model, tokenizer, sentences, batch_size=5)
+    # one thread, and two threads decoding batches side by side (each translation back in its place)
+    for threads in (1, 2):
+        torch.set_num_threads(2)
+        try:
+            export = CTranslate2Model.load(export_dir, threads=threads)
+            assert (
+                torch.get_num_threads() == 2
+            )  # CTranslate2 sets it to its intra-op threads; load restores it
+        finally:
+            torch.set_num_threads(1)
+        assert export.translator.num_translators == threads
+        assert export.translate(sentences, batch_size=5) == expected
