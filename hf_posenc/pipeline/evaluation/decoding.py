@@ -6,6 +6,9 @@ import json
 import re
 import time
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -114,7 +117,8 @@ def translate(
     `bf16` decoding runs in bf16 autocast. Progress (sentences done/total) goes to a tqdm bar when
     `progress_stream` (default stderr) is a terminal and `progress_bar` is on, else to log lines every
     `progress_every_seconds`. hf_posenc's models decode through the fast loop (`fast_decoding=True`, token-identical
-    to transformers' loop; fast_decoding.py) unless `generate_kwargs` say `fast_decoding=False`. A model made int8
+    to transformers' loop; fast_decoding.py) unless `generate_kwargs` say `fast_decoding=False`. On the CPU with
+    several torch threads, the batches decode side by side (`decoding_workers`). A model made int8
     (`load_translation_model(..., int8=True)`, quantization.py) computes in float32 around its int8 layers: `bf16`
     is refused for it.
 
@@ -145,30 +149,73 @@ def translate(
     check_decoding_settings(model, generate_kwargs)
     beams = generate_kwargs.get("num_beams") or model.generation_config.num_beams or 1
     vocabulary = model.get_output_embeddings().out_features  # as train.py's check reads it
-    check_decoding_memory(min(batch_size, len(sources)), beams, vocabulary, model.device)
-    model.eval()
     order = sorted(range(len(sources)), key=lambda i: len(sources[i]))
+    batches = [order[start : start + batch_size] for start in range(0, len(order), batch_size)]
+    workers = decoding_workers(model, len(batches), generate_kwargs)
+    check_decoding_memory(min(batch_size * workers, len(sources)), beams, vocabulary, model.device)
+    model.eval()
     outputs = [None] * len(sources)
     report = ProgressReport(
         len(sources), "decoding", progress_every_seconds, progress_stream, bar=progress_bar
     )
-    started = time.monotonic()
-    for start in range(0, len(order), batch_size):
-        indices = order[start : start + batch_size]
-        try:  # a GPU's memory (the CPU's is checked before, `check_decoding_memory`)
-            texts = generate_batch(model, tokenizer, [sources[i] for i in indices], bf16, generate_kwargs)
-        except torch.OutOfMemoryError:
-            raise ValueError(
-                f"decoding {len(indices)} sentences x {beams} beams at once ran out of {model.device} memory: "
-                "lower batch_size or num_beams"
-            ) from None
-        for index, text in zip(indices, texts, strict=True):
-            outputs[index] = text
-        done = start + len(indices)
-        rate = done / max(time.monotonic() - started, 1e-9)
-        report.update(done, f"{done}/{len(sources)} sentences, {rate:.1f} sentences/s")
+    started, done = time.monotonic(), 0
+    decode = partial(decode_batch, model, tokenizer, sources, bf16, beams, generate_kwargs)
+    with batch_map(workers) as decoded:
+        for indices, texts in zip(batches, decoded(decode, batches), strict=True):
+            for index, text in zip(indices, texts, strict=True):
+                outputs[index] = text
+            done += len(indices)
+            rate = done / max(time.monotonic() - started, 1e-9)
+            report.update(done, f"{done}/{len(sources)} sentences, {rate:.1f} sentences/s")
     report.close()
     return outputs
+
+
+# generate's arguments that are the caller's objects, which may hold state across the rows of one call: their
+# batches decode one after another
+CALLER_OBJECTS = ("logits_processor", "stopping_criteria", "prefix_allowed_tokens_fn", "streamer")
+
+
+def decoding_workers(model, batches: int, generate_kwargs: dict) -> int:
+    """How many batches `translate` decodes side by side: on the CPU one per torch thread (at most one per batch),
+    each on its share of the threads, which decodes faster than every thread on one batch after another
+    (docs/decoding.md); one on other devices, with a single batch, one thread, or an object of the caller's among
+    `generate_kwargs` (`CALLER_OBJECTS`). The translations are those of one batch after another."""
+    if model.device.type != "cpu" or CALLER_OBJECTS & generate_kwargs.keys():
+        return 1
+    return max(1, min(torch.get_num_threads(), batches))
+
+
+@contextmanager
+def batch_map(workers: int):
+    """`map` over batches in this thread (one worker), or on `workers` threads that share torch's threads out
+    between them (torch's thread count restored after; on an error, the batches not started are dropped)."""
+    if workers == 1:
+        yield map
+        return
+    threads = torch.get_num_threads()
+    torch.set_num_threads(threads // workers)  # the workers' intra-op threads (read when a thread first runs)
+    pool = ThreadPoolExecutor(workers, thread_name_prefix="hf-posenc-decoding")
+    try:
+        yield pool.map
+    finally:
+        pool.shutdown(cancel_futures=True)
+        torch.set_num_threads(threads)
+
+
+@torch.no_grad()
+def decode_batch(
+    model, tokenizer, sources, bf16: bool, beams: int, generate_kwargs: dict, indices
+) -> list[str]:
+    """The translations of `sources[indices]`, one batch (`generate_batch`), with a GPU's out-of-memory error
+    named (the CPU's memory is checked before, `check_decoding_memory`)."""
+    try:
+        return generate_batch(model, tokenizer, [sources[i] for i in indices], bf16, generate_kwargs)
+    except torch.OutOfMemoryError:
+        raise ValueError(
+            f"decoding {len(indices)} sentences x {beams} beams at once ran out of {model.device} memory: "
+            "lower batch_size or num_beams"
+        ) from None
 
 
 def check_decoding_memory(sentences: int, beams: int, vocabulary: int, device) -> None:
