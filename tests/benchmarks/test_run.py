@@ -167,6 +167,7 @@ def test_real_lengths_end_each_example_at_its_reference_length():
         assert ends == lengths.tolist()  # </s> at generated token L (the start token is index 0)
 
 
+@pytest.mark.usefixtures("multi30k_dir")  # reads the shipped data
 def test_the_generation_phase_with_real_lengths(tmp_path):
     command = [*TINY_COMMAND, *"--systems rpe_head --phases generation --generation_lengths real".split()]
     command += ["--repeats", "1", "--generation_batch_sizes", "4", "--output_dir", str(tmp_path)]

@@ -59,6 +59,7 @@ def test_unknown_system_or_recipe_lists_the_valid_ones(capsys):
     assert "--bootstrap_samples=0 must be at least 1" in capsys.readouterr().err
 
 
+@pytest.mark.usefixtures("multi30k_dir")  # reads the shipped data
 def test_tiny_real_comparison_writes_results_and_report_and_resumes(tmp_path, caplog):
     readme_path = tmp_path / "README.md"
     readme_path.write_text((REPO / "README.md").read_text())
@@ -134,6 +135,7 @@ def test_tiny_real_comparison_writes_results_and_report_and_resumes(tmp_path, ca
     assert page_path.read_text().endswith(report.NOTES_MARKER + "\nReading of the numbers, by hand.\n")
 
 
+@pytest.mark.usefixtures("multi30k_dir")  # reads the shipped data
 def test_readme_length_cell_reads_k4_share_ratio_and_cannot(tmp_path):
     args = cli.parse_args(["--results_dir", str(tmp_path), "--seeds", "1", "2", "--bootstrap_samples", "50"])
     rows = {
@@ -200,6 +202,7 @@ def test_readme_length_cell_reads_k4_share_ratio_and_cannot(tmp_path):
     assert results.comparison("en-de", "learned", "shaw", [])[-1] == "no shaw run of these seeds"
 
 
+@pytest.mark.usefixtures("multi30k_dir")  # reads the shipped data
 def test_report_covers_every_pair_with_runs_and_names_the_ablation_tables_not_run(tmp_path):
     """A chunk that trained another pair (an En-Fr main table beside the En-De tables) is reported with the
     `--pairs` of a later chunk; an ablation table whose own rows have no run of a pair is named, not drawn."""
@@ -511,6 +514,7 @@ def test_a_run_says_the_precision_it_trained_in_and_the_one_it_decoded_in():
     assert precisions(recorded) == "trained in fp32, decoded in fp32"
 
 
+@pytest.mark.usefixtures("multi30k_dir")  # reads the shipped data
 def test_a_decode_time_row_measures_the_trained_rows_model_its_own_way(tmp_path, monkeypatch):
     """A decode-time row (`tables.Decoding`) trains nothing: before its trained row has finished it is not started,
     after that it decodes that row's model with its own generation settings and records them; the trained row's

@@ -65,6 +65,7 @@ def first_half_only(k: int) -> list[str]:
     return [" ".join(test.target[i : i + max(k // 2, 1)]) for i in range(0, TEST_LIMIT - k + 1, k)]
 
 
+@pytest.mark.usefixtures("multi30k_dir")  # reads the shipped data
 def test_a_perfect_extrapolator_meets_the_target_and_one_that_stops_early_misses_both_bars(tmp_path):
     args = report_args(tmp_path)
     perfect = {k: joined_references(k) for k in (2, 4, 8, 16)}
@@ -120,6 +121,7 @@ def test_a_perfect_extrapolator_meets_the_target_and_one_that_stops_early_misses
     )
 
 
+@pytest.mark.usefixtures("multi30k_dir")  # reads the shipped data
 def test_the_ceiling_is_each_runs_own_joined_one_sentence_translations(tmp_path):
     """A run whose k = 1 translations are poor has a low ceiling: joined translations as good as its k = 1 ones keep
     all of it, although they keep little of the references' BLEU."""
@@ -155,6 +157,7 @@ def test_repeated_share_counts_sentences_that_repeat_an_earlier_one_of_the_same_
     assert extrapolation.repeated_share([""]) == 0.0
 
 
+@pytest.mark.usefixtures("multi30k_dir")  # reads the shipped data
 def test_no_section_before_a_row_has_a_run(tmp_path):
     args = report_args(tmp_path)
     write_run(tmp_path, args, "sinusoidal", 1, {}, {})
@@ -162,6 +165,7 @@ def test_no_section_before_a_row_has_a_run(tmp_path):
     assert extrapolation.target_summary(Results(args), "en-de") == ""
 
 
+@pytest.mark.usefixtures("multi30k_dir")  # reads the shipped data
 def test_the_bootstrap_draws_the_same_groups_for_every_seed_and_keeps_exact_shares():
     references = joined_references(8)
     ends = np.array([r.count(".") for r in references])
@@ -210,6 +214,7 @@ def test_a_bar_is_met_when_every_bound_is_and_missed_when_one_is(calls, seeds, v
     assert extrapolation.combined_call(calls, seeds) == verdict
 
 
+@pytest.mark.usefixtures("multi30k_dir")  # reads the shipped data
 def test_degenerate_runs_are_left_out_of_the_target_test(tmp_path, monkeypatch):
     """A run whose output ignores its source measures nothing: with one of two seeds degenerate the row has one
     seed (no call); with both, the row says it cannot answer, in the table and in the README's summary, and is not

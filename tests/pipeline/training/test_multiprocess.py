@@ -144,6 +144,7 @@ def run_probe(out, *args, launcher="single", timeout=600):
 
 
 @pytest.mark.parametrize("launcher", ["torchrun", "accelerate"])
+@pytest.mark.usefixtures("multi30k_dir")  # reads the shipped data
 def test_two_process_ddp_ranks_end_identical_and_see_different_batches(tmp_path, launcher):
     run_probe(tmp_path, "--max_steps", "4", launcher=launcher)
     rank0, rank1 = (json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1))
@@ -153,6 +154,7 @@ def test_two_process_ddp_ranks_end_identical_and_see_different_batches(tmp_path,
     assert len(rank0["seen"]) == len(rank1["seen"]) == 4
 
 
+@pytest.mark.usefixtures("multi30k_dir")  # reads the shipped data
 def test_resume_after_a_real_kill_continues_at_the_saved_step_with_the_same_data_order(tmp_path):
     reference, interrupted = tmp_path / "reference", tmp_path / "interrupted"
     run_probe(reference, "--max_steps", "12")

@@ -173,6 +173,7 @@ def test_every_recipe_parses_into_valid_arguments(recipe):
     assert args.run.recipe == recipe and args.data.max_tokens > 0 and args.training.learning_rate > 0
 
 
+@pytest.mark.usefixtures("multi30k_dir")  # reads the shipped data
 def test_wmt_recipes_follow_paper_one():
     args = arguments.parse_args(["--recipe", "wmt14-en-de-base"])
     training = args.training

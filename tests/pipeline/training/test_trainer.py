@@ -19,6 +19,7 @@ from hf_posenc.pipeline.training.trainer import CrossEntropyLabelSmoother, StopO
 from tests.pipeline.training.trainer_probe import build_trainer
 
 
+@pytest.mark.usefixtures("multi30k_dir")  # reads the shipped data
 def test_logged_loss_is_the_true_token_level_loss_with_accumulation_and_no_smoothing(tmp_path):
     """Marian's mean loss gets multiplied by the accumulation steps under the v5 Trainer; ours must not."""
     trainer = build_trainer(tmp_path, max_steps=1, update_freq=3, learning_rate=0.0)
@@ -39,6 +40,7 @@ def test_logged_loss_is_the_true_token_level_loss_with_accumulation_and_no_smoot
     assert logged == pytest.approx(total / tokens, rel=1e-4)
 
 
+@pytest.mark.usefixtures("multi30k_dir")  # reads the shipped data
 def test_token_budget_loader_on_a_cpu_pins_nothing_and_warns_nothing(tmp_path):
     trainer = build_trainer(tmp_path, max_steps=1)
     trainer.args.dataloader_pin_memory = True  # the Trainer's default unless use_cpu, as in train.py
@@ -48,6 +50,7 @@ def test_token_budget_loader_on_a_cpu_pins_nothing_and_warns_nothing(tmp_path):
     assert batch["input_ids"].numel() <= 600
 
 
+@pytest.mark.usefixtures("multi30k_dir")  # reads the shipped data
 def test_length_buckets_pad_the_same_batches_to_bucket_shapes_and_train_the_same_losses(tmp_path):
     buckets = [8, 16, 24, 32, 48, 64, 96, 128]
     plain = build_trainer(tmp_path / "plain", max_steps=4, label_smoothing=0.1)
@@ -67,6 +70,7 @@ def test_length_buckets_pad_the_same_batches_to_bucket_shapes_and_train_the_same
     assert bucketed.target_tokens == plain.target_tokens  # padding is not counted as trained-on tokens
 
 
+@pytest.mark.usefixtures("multi30k_dir")  # reads the shipped data
 def test_the_trainer_steps_with_torchs_fused_adamw_which_updates_as_the_plain_one_does(tmp_path):
     """transformers' default `optim` (adamw_torch_fused from torch 2.8 on; train.py and the recipes leave it) is
     torch's fused AdamW, on the CPU too: 4.3x faster per step than the for-loop AdamW on the default recipe's
@@ -117,6 +121,7 @@ def test_cross_entropy_label_smoothing_is_transformers_label_smoother(count):
     torch.testing.assert_close(gradients[1], gradients[0], rtol=1e-5, atol=1e-7)
 
 
+@pytest.mark.usefixtures("multi30k_dir")  # reads the shipped data
 def test_the_trainer_smooths_labels_with_cross_entropy(tmp_path):
     trainer = build_trainer(tmp_path, max_steps=1, label_smoothing=0.1)
     assert type(trainer.label_smoother) is CrossEntropyLabelSmoother and trainer.label_smoother.epsilon == 0.1
