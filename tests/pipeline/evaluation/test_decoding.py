@@ -85,9 +85,10 @@ def test_bf16_translation_decodes_under_bf16_autocast(model_and_tokenizer, monke
 def test_batches_decode_side_by_side_on_the_cpus_threads_with_the_same_translations(
     model_and_tokenizer, monkeypatch
 ):
-    """With two torch threads, two batches decode at once, each on one intra-op thread (`decoding_workers`): the
-    translations of one batch after another, in input order; torch's thread count is restored after, the memory
-    check counts both batches, and a caller's logits processor (which may hold state) keeps the batches in turn."""
+    """With two torch threads, two batches decode at once, each on one intra-op thread (`decoding_workers`), without
+    gradients and in bf16 autocast where asked (both are a thread's own state): the translations of one batch after
+    another, in input order; torch's thread count is restored after, the memory check counts both batches, and a
+    caller's logits processor (which may hold state) keeps the batches in turn."""
     model, tokenizer = model_and_tokenizer
     kwargs = dict(batch_size=2, num_beams=2, max_new_tokens=6, progress_bar=False)
     threads = torch.get_num_threads()
@@ -95,7 +96,8 @@ def test_batches_decode_side_by_side_on_the_cpus_threads_with_the_same_translati
     together = [threading.Barrier(2, timeout=30)]  # broken unless two batches decode at once
 
     def recording_generate(*args, **settings):
-        seen.append((threading.current_thread().name, torch.get_num_threads()))
+        state = (torch.is_grad_enabled(), torch.is_autocast_enabled("cpu"))
+        seen.append((threading.current_thread().name, torch.get_num_threads(), state))
         if len(seen) <= 2:
             together[0].wait()
         return generate(*args, **settings)
@@ -107,14 +109,20 @@ def test_batches_decode_side_by_side_on_the_cpus_threads_with_the_same_translati
         monkeypatch.setattr(model, "generate", recording_generate)
         assert translate(model, tokenizer, SOURCES, **kwargs) == one_after_another
         assert torch.get_num_threads() == 2
-        assert len(seen) == 3 and {name.split("_")[0] for name, _ in seen} == {"hf-posenc-decoding"}
-        assert {intra for _, intra in seen} == {1}
+        assert len(seen) == 3 and {name.split("_")[0] for name, _, _ in seen} == {"hf-posenc-decoding"}
+        assert {(intra, state) for _, intra, state in seen} == {(1, (False, False))}
+        seen.clear()
+        together[0] = threading.Barrier(2, timeout=30)
+        translate(model, tokenizer, SOURCES, bf16=True, **kwargs)
+        assert {(name.split("_")[0], state) for name, _, state in seen} == {
+            ("hf-posenc-decoding", (False, True))
+        }
         seen.clear()
         together[0] = threading.Barrier(2, timeout=1)
         processors = LogitsProcessorList()
         with pytest.raises(threading.BrokenBarrierError):  # one batch at a time: the first waits alone
             translate(model, tokenizer, SOURCES, logits_processor=processors, **kwargs)
-        assert [name for name, _ in seen] == ["MainThread"]
+        assert [name for name, _, _ in seen] == ["MainThread"]
         with pytest.raises(ValueError, match=r"^decoding 4 sentences x 1000000000000 beams at once"):
             translate(model, tokenizer, SOURCES, batch_size=2, num_beams=10**12, progress_bar=False)
     finally:
