@@ -169,7 +169,9 @@ class TranslationTrainer(Seq2SeqTrainer):
 
 class TimeBudgetCallback(TrainerCallback, ExportableState):
     """Ends training once `minutes` of training time have passed, counting the time of earlier attempts of the
-    same run: the time spent is saved with each checkpoint and read back when training resumes."""
+    same run: the time spent is saved with each checkpoint and read back when training resumes. A run that saves
+    checkpoints every N updates saves one where the budget ends it, as the Trainer does where `max_steps` ends a
+    run: the checkpoints averaged then end where training did."""
 
     def __init__(self, minutes: float, spent_seconds: float = 0.0):
         self.minutes = minutes
@@ -186,6 +188,7 @@ class TimeBudgetCallback(TrainerCallback, ExportableState):
         self.spent_seconds = time.monotonic() - self.start
         if self.spent_seconds > self.minutes * 60:
             control.should_training_stop = True
+            control.should_save = control.should_save or save_strategy(args) == "steps"
 
     def state(self) -> dict:
         return {"args": {"minutes": self.minutes}, "attributes": {"spent_seconds": self.spent_seconds}}

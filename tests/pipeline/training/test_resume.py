@@ -4,6 +4,7 @@ repeat the settings it continues."""
 
 import json
 import shutil
+from types import SimpleNamespace
 
 import pytest
 import transformers.trainer
@@ -97,12 +98,28 @@ def test_a_resumed_time_budget_counts_the_time_already_spent():
     assert budget.spent_seconds == 50.0 and budget.state()["attributes"]["spent_seconds"] == 50.0
 
     class Control:
-        should_training_stop = False
+        should_training_stop = should_save = False
 
     control = Control()
     budget.start -= 11  # eleven more seconds of training pass
-    budget.on_step_end(None, State(), control)
-    assert control.should_training_stop
+    budget.on_step_end(SimpleNamespace(save_strategy="no"), State(), control)
+    assert control.should_training_stop and not control.should_save
+
+
+@pytest.mark.parametrize(
+    "strategy, saved", [("steps", True), ("epoch", False), ("best", False), ("no", False)]
+)
+def test_the_budget_ends_a_run_with_a_checkpoint_where_it_saves_every_n_updates(strategy, saved):
+    """As the Trainer saves where `max_steps` ends a run: the checkpoints averaged end where training did, not up
+    to a checkpoint interval (4% of the planned run) before (a 16-minute run averaged 8,820-10,584 of 11,111)."""
+    budget = TimeBudgetCallback(minutes=1.0)
+    budget.on_train_begin(None, SimpleNamespace(stateful_callbacks={}), None)
+    control = SimpleNamespace(should_training_stop=False, should_save=False)
+    budget.on_step_end(SimpleNamespace(save_strategy=strategy), None, control)
+    assert not control.should_training_stop and not control.should_save  # within the budget
+    budget.start -= 61
+    budget.on_step_end(SimpleNamespace(save_strategy=strategy), None, control)
+    assert control.should_training_stop and control.should_save is saved
 
 
 def test_a_checkpoint_with_truncated_weights_is_named_and_skipped(tmp_path, caplog, tiny_run_flags):
