@@ -171,7 +171,10 @@ class TimeBudgetCallback(TrainerCallback, ExportableState):
     """Ends training once `minutes` of training time have passed, counting the time of earlier attempts of the
     same run: the time spent is saved with each checkpoint and read back when training resumes. A run that saves
     checkpoints every N updates saves one where the budget ends it, as the Trainer does where `max_steps` ends a
-    run: the checkpoints averaged then end where training did."""
+    run: the checkpoints averaged then end where training did. In a run of several processes every process takes
+    the first one's clock (`shared_clock`), so that all stop after the same update and plan the same learning
+    rates: each process started its own clock, and one that stopped an update before the others would leave them
+    waiting for it in the next update's gradient exchange."""
 
     def __init__(self, minutes: float, spent_seconds: float = 0.0):
         self.minutes = minutes
@@ -185,13 +188,23 @@ class TimeBudgetCallback(TrainerCallback, ExportableState):
         self.start = time.monotonic() - self.spent_seconds
 
     def on_step_end(self, args, state, control, **kwargs):
-        self.spent_seconds = time.monotonic() - self.start
+        self.spent_seconds = shared_clock(time.monotonic() - self.start, args.device)
         if self.spent_seconds > self.minutes * 60:
             control.should_training_stop = True
             control.should_save = control.should_save or save_strategy(args) == "steps"
 
     def state(self) -> dict:
         return {"args": {"minutes": self.minutes}, "attributes": {"spent_seconds": self.spent_seconds}}
+
+
+def shared_clock(seconds: float, device) -> float:
+    """`seconds` of the first process of a multi-process run (a broadcast on `device`), in every process; as it is
+    in a single process."""
+    if not torch.distributed.is_initialized() or torch.distributed.get_world_size() == 1:
+        return seconds
+    value = torch.tensor([seconds], dtype=torch.float64, device=device)
+    torch.distributed.broadcast(value, src=0)
+    return value.item()
 
 
 def save_strategy(training) -> str:

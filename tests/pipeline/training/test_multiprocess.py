@@ -154,6 +154,40 @@ def test_two_process_ddp_ranks_end_identical_and_see_different_batches(tmp_path,
     assert len(rank0["seen"]) == len(rank1["seen"]) == 4
 
 
+# Two ranks whose clocks started a second apart: the first is past a one-minute budget, the second not.
+BUDGET_RANK = """
+import json, sys, time
+from types import SimpleNamespace
+import torch.distributed as dist
+from hf_posenc.pipeline.training.trainer import TimeBudgetCallback
+dist.init_process_group("gloo")
+rank = dist.get_rank()
+budget = TimeBudgetCallback(minutes=1.0)
+budget.on_train_begin(None, SimpleNamespace(stateful_callbacks={}), None)
+budget.start -= 60.5 - rank
+control = SimpleNamespace(should_training_stop=False, should_save=False)
+budget.on_step_end(SimpleNamespace(save_strategy="steps", device="cpu"), None, control)
+with open(f"{sys.argv[1]}/rank{rank}.json", "w") as out:
+    json.dump([control.should_training_stop, budget.spent_seconds], out)
+dist.destroy_process_group()
+"""
+
+
+def test_every_rank_stops_after_the_same_update_on_the_first_ranks_clock(tmp_path):
+    """Each process starts its own clock; a rank that stopped an update before the others would leave them
+    waiting in the next gradient exchange (a hang), and ranks that planned their learning rates from different
+    clocks would train apart. Every rank reads the first one's (`shared_clock`)."""
+    script = tmp_path / "budget_rank.py"
+    script.write_text(BUDGET_RANK)
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    command = [*LAUNCHERS["torchrun"], str(script), str(tmp_path)]
+    completed = subprocess.run(command, capture_output=True, text=True, timeout=300, env=env, cwd=REPO)
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    ranks = [json.loads((tmp_path / f"rank{rank}.json").read_text()) for rank in (0, 1)]
+    assert ranks[0][0] and ranks[1][0]  # both stop
+    assert ranks[0][1] == ranks[1][1] == pytest.approx(60.5, abs=5)
+
+
 @pytest.mark.usefixtures("multi30k_dir")  # reads the shipped data
 def test_resume_after_a_real_kill_continues_at_the_saved_step_with_the_same_data_order(tmp_path):
     reference, interrupted = tmp_path / "reference", tmp_path / "interrupted"

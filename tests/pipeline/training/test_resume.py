@@ -102,7 +102,7 @@ def test_a_resumed_time_budget_counts_the_time_already_spent():
 
     control = Control()
     budget.start -= 11  # eleven more seconds of training pass
-    budget.on_step_end(SimpleNamespace(save_strategy="no"), State(), control)
+    budget.on_step_end(SimpleNamespace(save_strategy="no", device="cpu"), State(), control)
     assert control.should_training_stop and not control.should_save
 
 
@@ -115,10 +115,10 @@ def test_the_budget_ends_a_run_with_a_checkpoint_where_it_saves_every_n_updates(
     budget = TimeBudgetCallback(minutes=1.0)
     budget.on_train_begin(None, SimpleNamespace(stateful_callbacks={}), None)
     control = SimpleNamespace(should_training_stop=False, should_save=False)
-    budget.on_step_end(SimpleNamespace(save_strategy=strategy), None, control)
+    budget.on_step_end(SimpleNamespace(save_strategy=strategy, device="cpu"), None, control)
     assert not control.should_training_stop and not control.should_save  # within the budget
     budget.start -= 61
-    budget.on_step_end(SimpleNamespace(save_strategy=strategy), None, control)
+    budget.on_step_end(SimpleNamespace(save_strategy=strategy, device="cpu"), None, control)
     assert control.should_training_stop and control.should_save is saved
 
 
