@@ -83,6 +83,11 @@ def nearest_existing(path: Path) -> Path:
     return path
 
 
+def files_bytes(paths) -> int:
+    """The bytes of the files among `paths` (folders count nothing)."""
+    return sum(path.stat().st_size for path in paths if path.is_file())
+
+
 def kept_checkpoints(training) -> int:
     """The most checkpoints a run holds at once: `save_total_limit` + 1 (the Trainer writes a new one before it
     deletes the oldest), 1 without a limit, fewer where the update budget saves fewer, none with
@@ -105,7 +110,7 @@ def check_disk_space(args: "Arguments", model) -> None:
     kept = kept_checkpoints(training)
     # a resumed run's checkpoints are rotated out as it saves new ones (an overwritten run's stay until the end)
     saved = args.checkpoints_dir.glob("checkpoint-*/**/*") if training.resume_from_checkpoint else ()
-    rotated = sum(path.stat().st_size for path in saved if path.is_file())
+    rotated = files_bytes(saved)
     needs = {}  # disk -> (bytes, a folder on it)
     for folder, need in (
         (args.checkpoints_dir, kept * CHECKPOINT_BYTES * parameters - rotated),
@@ -132,7 +137,7 @@ def full_disk(args: "Arguments", model) -> str | None:
     place = nearest_existing(args.checkpoints_dir)
     try:
         newest = Path(last_complete_checkpoint(args.checkpoints_dir))
-        checkpoint = sum(path.stat().st_size for path in newest.rglob("*") if path.is_file())
+        checkpoint = files_bytes(newest.rglob("*"))
     except ValueError:  # none yet
         checkpoint = CHECKPOINT_BYTES * model.num_parameters()
     free = shutil.disk_usage(place).free
